@@ -1,0 +1,46 @@
+#include "box/config.h"
+
+#include "box/diag.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+struct hak_config hak_cfg = {
+    .stats = false,
+    .bigcache_bytes = (size_t)64 << 20,
+};
+
+/* Parse a decimal integer in [lo, hi]; false (with a warning naming the
+ * variable) when it is not one. */
+static bool config_int(const char *name, uint64_t lo, uint64_t hi, uint64_t *out) {
+    const char *s = getenv(name);
+    if (s == NULL || *s == '\0') return false;
+    uint64_t v = 0;
+    const char *c = s;
+    for (; *c >= '0' && *c <= '9'; c++) {
+        v = v * 10 + (uint64_t)(*c - '0');
+        if (v > hi) break;
+    }
+    if (*c != '\0' || v < lo || v > hi) {
+        struct diag_buf b = {.n = 0};
+        diag_str(&b, "hakmem: ignoring ");
+        diag_str(&b, name);
+        diag_str(&b, "='");
+        diag_str(&b, s);
+        diag_str(&b, "': expected an integer in ");
+        diag_u64(&b, lo);
+        diag_str(&b, "..");
+        diag_u64(&b, hi);
+        diag_str(&b, "; using the default\n");
+        diag_flush(&b, 2);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+void config_load(void) {
+    uint64_t v;
+    if (config_int("HAKMEM_STATS", 0, 1, &v)) hak_cfg.stats = v != 0;
+    if (config_int("HAKMEM_BIGCACHE_MB", 0, 65536, &v)) hak_cfg.bigcache_bytes = (size_t)v << 20;
+}

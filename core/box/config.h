@@ -1,0 +1,20 @@
+/* Configuration: HAKMEM_* environment variables, read once at start-up.
+ * docs/CONFIG.md lists each with its default and range. */
+#ifndef HAK_CONFIG_H
+#define HAK_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct hak_config {
+    bool stats;            /* HAKMEM_STATS: print a summary at exit */
+    size_t bigcache_bytes; /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
+};
+
+/* Defaults until config_load runs; then what the environment says. */
+extern struct hak_config hak_cfg;
+
+/* Read the environment; warns once per bad variable and keeps its default. */
+void config_load(void);
+
+#endif

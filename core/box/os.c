@@ -1,0 +1,97 @@
+/* OS boundary. Aligned mappings are placed at a hint address first (one
+ * syscall when the kernel honours it, which it does unless the range is taken)
+ * and fall back to over-mapping and trimming. */
+#include "box/os.h"
+
+#include "sizes.h"
+
+#include <stdatomic.h>
+#include <sys/auxv.h>
+#include <sys/mman.h>
+
+static _Atomic uint64_t os_counts[OS_NCALLS];
+
+/* Next hint address for aligned mappings: an area well away from the kernel's
+ * own mmap base and the brk heap, with a random start so addresses are not
+ * predictable from run to run. */
+#define OS_HINT_BASE  ((uintptr_t)4 << 40)  /* 4 TiB */
+#define OS_HINT_LIMIT ((uintptr_t)64 << 40) /* 64 TiB: past this, no more hints */
+static _Atomic uintptr_t os_hint;
+
+static inline void os_count(enum os_call k) {
+    atomic_fetch_add_explicit(&os_counts[k], 1, memory_order_relaxed);
+}
+
+uint64_t os_calls(enum os_call kind) {
+    return atomic_load_explicit(&os_counts[kind], memory_order_relaxed);
+}
+
+static void *os_mmap(void *hint, size_t size) {
+    os_count(OS_MMAP);
+    void *p = mmap(hint, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void os_unmap(void *p, size_t size) {
+    os_count(OS_MUNMAP);
+    munmap(p, size);
+}
+
+void os_decommit(void *p, size_t size) {
+    os_count(OS_MADVISE);
+    madvise(p, size, MADV_DONTNEED);
+}
+
+static uintptr_t os_hint_start(void) {
+    /* AT_RANDOM: 16 random bytes the kernel gives every process. */
+    const uint8_t *r = (const uint8_t *)getauxval(AT_RANDOM);
+    uintptr_t rnd = r ? ((uintptr_t)r[0] << 8 | r[1]) : 0;
+    return OS_HINT_BASE + (rnd << 24); /* + up to 1 TiB, 16 MiB steps */
+}
+
+/* Reserve `span` bytes of hint space aligned to `align`; 0 when exhausted. */
+static uintptr_t os_take_hint(size_t span, size_t align) {
+    uintptr_t cur = atomic_load_explicit(&os_hint, memory_order_relaxed);
+    for (;;) {
+        uintptr_t start = cur ? cur : os_hint_start();
+        start = hak_align_up(start, align);
+        uintptr_t next = start + hak_align_up(span, HAK_REGION_SIZE);
+        if (next > OS_HINT_LIMIT) return 0;
+        if (atomic_compare_exchange_weak_explicit(&os_hint, &cur, next, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return start;
+    }
+}
+
+void *os_map_aligned(size_t size, size_t align) {
+    if (align <= HAK_PAGE_SIZE) return os_mmap(NULL, size);
+
+    uintptr_t hint = os_take_hint(size, align);
+    if (hint) {
+        void *p = os_mmap((void *)hint, size);
+        if (p == NULL) return NULL;
+        if (((uintptr_t)p & (align - 1)) == 0) return p;
+        os_unmap(p, size); /* the kernel put it elsewhere: range taken */
+    }
+
+    /* Over-map by align and trim both ends. */
+    size_t over = size + align - HAK_PAGE_SIZE;
+    if (over < size) return NULL;
+    uint8_t *raw = os_mmap(NULL, over);
+    if (raw == NULL) return NULL;
+    uint8_t *p = (uint8_t *)hak_align_up((uintptr_t)raw, align);
+    if (p > raw) os_unmap(raw, (size_t)(p - raw));
+    size_t tail = (size_t)(raw + over - (p + size));
+    if (tail) os_unmap(p + size, tail);
+    return p;
+}
+
+bool os_resize(void *p, size_t old_size, size_t new_size) {
+    os_count(OS_MREMAP);
+    return mremap(p, old_size, new_size, 0) != MAP_FAILED;
+}
+
+bool os_move(void *p, size_t old_size, size_t new_size, void *dst) {
+    os_count(OS_MREMAP);
+    return mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) != MAP_FAILED;
+}

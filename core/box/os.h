@@ -1,0 +1,27 @@
+/* OS boundary: the only module that calls mmap, munmap, madvise and mremap.
+ * Every call is counted by kind so stats and tests can see the syscall traffic. */
+#ifndef HAK_OS_H
+#define HAK_OS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum os_call { OS_MMAP, OS_MUNMAP, OS_MADVISE, OS_MREMAP, OS_NCALLS };
+
+/* Anonymous read-write mapping of `size` bytes (a page multiple) whose start
+ * is aligned to `align` (a power of two >= page). NULL when the OS refuses. */
+void *os_map_aligned(size_t size, size_t align);
+void os_unmap(void *p, size_t size);
+/* Give the pages back; they read as zero when touched again. */
+void os_decommit(void *p, size_t size);
+/* Grow or shrink a mapping where it stands; false when the range beyond it
+ * is taken (the mapping is then untouched). */
+bool os_resize(void *p, size_t old_size, size_t new_size);
+/* Move a mapping's pages onto dst (a mapping of new_size from os_map_aligned,
+ * which it replaces), resizing it; no byte is copied. false when refused. */
+bool os_move(void *p, size_t old_size, size_t new_size, void *dst);
+
+uint64_t os_calls(enum os_call kind);
+
+#endif

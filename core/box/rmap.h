@@ -1,0 +1,66 @@
+/* Region map: which tier owns the address space around a pointer, in O(1).
+ *
+ * The 47-bit user address space is cut into 2 MiB regions. Each region has a
+ * 32-bit entry: the owning kind in the low 8 bits and a kind-specific payload
+ * in the high 24 (the size class for small regions; for a mapping that spans
+ * several regions, how many regions back its first one is). A two-level
+ * radix table with a static root: lookups are two dependent loads, leaves are
+ * mapped on first use, and an address hakmem never mapped reads as RMAP_NONE
+ * without any initialisation. */
+#ifndef HAK_RMAP_H
+#define HAK_RMAP_H
+
+#include "sizes.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+enum rmap_kind { RMAP_NONE = 0, RMAP_SMALL = 1, RMAP_LARGE = 2 };
+
+#define RMAP_VA_BITS   47
+#define RMAP_LEAF_BITS 16
+#define RMAP_ROOT_BITS (RMAP_VA_BITS - HAK_REGION_SHIFT - RMAP_LEAF_BITS)
+#define RMAP_ROOT_N    ((size_t)1 << RMAP_ROOT_BITS)
+#define RMAP_LEAF_N    ((size_t)1 << RMAP_LEAF_BITS)
+
+extern _Atomic(uint32_t *) rmap_root[RMAP_ROOT_N];
+
+static inline uint32_t rmap_entry(uint32_t kind, uint32_t payload) {
+    return kind | payload << 8;
+}
+static inline uint32_t rmap_kind_of(uint32_t e) {
+    return e & 0xff;
+}
+static inline uint32_t rmap_payload(uint32_t e) {
+    return e >> 8;
+}
+
+/* The entry for the region holding p; 0 (RMAP_NONE) for any address hakmem
+ * does not own, including NULL and non-canonical or kernel addresses. */
+static inline uint32_t rmap_get(const void *p) {
+    uintptr_t r = (uintptr_t)p >> HAK_REGION_SHIFT;
+    uintptr_t hi = r >> RMAP_LEAF_BITS;
+    if (hak_unlikely(hi >= RMAP_ROOT_N)) return 0;
+    /* Acquire pairs with the release in rmap_set: an entry seen implies the
+     * leaf it sits in is visible. */
+    uint32_t *leaf = atomic_load_explicit(&rmap_root[hi], memory_order_acquire);
+    if (hak_unlikely(leaf == NULL)) return 0;
+    return leaf[r & (RMAP_LEAF_N - 1)];
+}
+
+/* Start of the region holding p. */
+static inline uintptr_t rmap_region_base(const void *p) {
+    return (uintptr_t)p & ~(uintptr_t)(HAK_REGION_SIZE - 1);
+}
+
+/* Mark every region of [base, base+size) (base region-aligned) as `kind`, the
+ * i-th region with payload i (the distance back to base). false when a leaf
+ * cannot be mapped; nothing is then marked. */
+bool rmap_mark_span(void *base, size_t size, uint32_t kind);
+/* Mark the single region at base with an explicit payload. */
+bool rmap_set_region(void *base, uint32_t kind, uint32_t payload);
+/* Forget [base, base+size). */
+void rmap_clear_span(void *base, size_t size);
+
+#endif

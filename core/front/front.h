@@ -1,0 +1,32 @@
+/* Front: size -> tier and pointer -> tier, both O(1), inlined into every
+ * entry point. The common malloc is a class lookup and a thread-local pop;
+ * the common free is a region-map lookup and a thread-local push. */
+#ifndef HAK_FRONT_H
+#define HAK_FRONT_H
+
+#include "box/diag.h"
+#include "box/rmap.h"
+#include "large.h"
+#include "small.h"
+
+static inline void *front_malloc(size_t n) {
+    if (hak_likely(n <= HAK_SMALL_MAX)) return small_alloc(small_class_of(n));
+    return large_alloc(n, HAK_MIN_ALIGN, false);
+}
+
+/* Free p; `fn` names the API call in error messages. NULL is a no-op, and
+ * anything hakmem did not hand out aborts with a message naming it. */
+static inline void front_free(void *p, const char *fn) {
+    uint32_t e = rmap_get(p);
+    if (hak_likely(rmap_kind_of(e) == RMAP_SMALL)) {
+        small_free(p, rmap_payload(e), fn);
+        return;
+    }
+    if (rmap_kind_of(e) == RMAP_LARGE) {
+        large_free(p, e, fn);
+        return;
+    }
+    if (p != NULL) diag_bad_pointer(fn, "invalid pointer", p);
+}
+
+#endif

@@ -1,0 +1,74 @@
+#include "front/lifecycle.h"
+
+#include "box/config.h"
+#include "box/stats.h"
+#include "large.h"
+#include "small.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+enum { LIFE_NEW, LIFE_STARTING, LIFE_READY };
+static _Atomic int life_state = LIFE_NEW;
+static pthread_key_t life_key;
+
+static __thread bool life_armed;
+static __thread bool life_arming; /* pthread_setspecific may itself allocate */
+
+/* Runs at thread exit (pthread key destructor). A thread that allocates again
+ * afterwards (another destructor) re-arms, and glibc calls us once more. */
+static void life_thread_exit(void *unused) {
+    (void)unused;
+    life_armed = false;
+    small_thread_flush();
+}
+
+/* Fork: take every allocator lock so the child never inherits one held by a
+ * thread that does not exist there. Registered first, so glibc runs our
+ * prepare last and our child handler first: other libraries' handlers may
+ * still allocate around fork. */
+static void life_fork_prepare(void) {
+    small_fork_prepare();
+    large_fork_prepare();
+}
+
+static void life_fork_parent(void) {
+    large_fork_parent();
+    small_fork_parent();
+}
+
+static void life_fork_child(void) {
+    large_fork_child();
+    small_fork_child();
+}
+
+void hak_init(void) {
+    int s = LIFE_NEW;
+    if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_NEW) return;
+    if (!atomic_compare_exchange_strong(&life_state, &s, LIFE_STARTING)) return;
+    config_load();
+    pthread_key_create(&life_key, life_thread_exit);
+    pthread_atfork(life_fork_prepare, life_fork_parent, life_fork_child);
+    atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
+}
+
+void life_thread_arm(void) {
+    if (hak_likely(life_armed) || life_arming) return;
+    if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_READY) {
+        hak_init();
+        if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_READY) return;
+    }
+    life_arming = true;
+    pthread_setspecific(life_key, &life_armed); /* any non-NULL value */
+    life_armed = true;
+    life_arming = false;
+}
+
+__attribute__((constructor)) static void life_start(void) {
+    hak_init();
+}
+
+__attribute__((destructor)) static void life_end(void) {
+    if (hak_cfg.stats) stats_print(2);
+}

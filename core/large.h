@@ -1,0 +1,36 @@
+/* Large tier, above HAK_SMALL_MAX: one mapping per block, a 64-byte header at
+ * the mapping's start, the block after it (or at the requested alignment).
+ * Freed mappings wait in a BigCache bounded in bytes, so a free/malloc cycle
+ * of one size makes no syscall; realloc moves pages with mremap, never bytes. */
+#ifndef HAK_LARGE_H
+#define HAK_LARGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A block of at least `size` bytes aligned to `align` (a power of two);
+ * zeroed when `zero`. NULL with errno ENOMEM on failure. Any size works, but
+ * the front sends only what the smaller tiers cannot serve. */
+void *large_alloc(size_t size, size_t align, bool zero);
+/* p's region entry said RMAP_LARGE; `fn` names the API call for errors. */
+void large_free(void *p, uint32_t entry, const char *fn);
+size_t large_usable_size(const void *p, uint32_t entry, const char *fn);
+/* Resize in place or by moving pages; NULL (errno ENOMEM, p untouched) when
+ * neither works. n > HAK_SMALL_MAX. */
+void *large_realloc(void *p, uint32_t entry, size_t n);
+
+/* Unmap every cached mapping; true when something was released. */
+bool large_trim(void);
+
+void large_fork_prepare(void);
+void large_fork_parent(void);
+void large_fork_child(void);
+
+struct large_stats {
+    uint64_t allocs, frees, cache_hits, remaps_inplace, remaps_moved;
+    uint64_t live_blocks, live_bytes, cached_blocks, cached_bytes;
+};
+void large_get_stats(struct large_stats *s);
+
+#endif

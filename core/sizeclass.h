@@ -1,0 +1,29 @@
+/* Size classes for 0 .. HAK_SMALL_MAX: 16-byte steps to 128 B, then four
+ * classes per power of two, so a block wastes at most 25% above 64 B. */
+#ifndef HAK_SIZECLASS_H
+#define HAK_SIZECLASS_H
+
+#include "sizes.h"
+
+#define SMALL_NCLASSES 60
+
+extern const uint32_t small_class_size[SMALL_NCLASSES];
+extern const uint16_t small_class_cap[SMALL_NCLASSES];
+extern const uint64_t small_class_magic[SMALL_NCLASSES];
+extern const uint8_t small_class_lut[65];
+
+/* Class for a request of n bytes, n <= HAK_SMALL_MAX. */
+static inline uint32_t small_class_of(size_t n) {
+    if (hak_likely(n <= 1024)) return small_class_lut[(n + 15) >> 4];
+    /* 2^lg < n <= 2^(lg+1); the two bits below the top pick one of four. */
+    size_t m = n - 1;
+    unsigned lg = 63u - (unsigned)__builtin_clzl(m);
+    return 8 + (lg - 7) * 4 + (uint32_t)((m >> (lg - 2)) & 3);
+}
+
+/* offset / size for offset < 2^21, exactly. */
+static inline size_t small_class_div(uint32_t cls, size_t offset) {
+    return (size_t)(((uint64_t)offset * small_class_magic[cls]) >> 42); /* < 2^60 */
+}
+
+#endif

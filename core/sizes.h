@@ -1,0 +1,38 @@
+/* Tier boundaries and shared geometry: every size has exactly one tier, and
+ * every constant that decides which lives here. */
+#ifndef HAK_SIZES_H
+#define HAK_SIZES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HAK_PAGE_SIZE ((size_t)4096)
+
+/* The region map's granularity; every mapping hakmem makes starts on a region
+ * boundary, so a region belongs to at most one mapping. */
+#define HAK_REGION_SHIFT 21
+#define HAK_REGION_SIZE  ((size_t)1 << HAK_REGION_SHIFT)
+
+/* Size-classed (small) tier: 0 .. HAK_SMALL_MAX bytes. */
+#define HAK_SMALL_MAX ((size_t)1 << 20)
+
+/* Large tier: one mapping per block above HAK_SMALL_MAX. */
+#define HAK_LARGE_MIN (HAK_SMALL_MAX + 1)
+
+/* Every block is at least this aligned (max_align_t). */
+#define HAK_MIN_ALIGN ((size_t)16)
+
+/* Largest request that can ever succeed, as glibc: PTRDIFF_MAX. */
+#define HAK_MAX_REQUEST ((size_t)PTRDIFF_MAX)
+
+#define hak_likely(x)   __builtin_expect(!!(x), 1)
+#define hak_unlikely(x) __builtin_expect(!!(x), 0)
+
+static inline size_t hak_align_up(size_t n, size_t a) {
+    return (n + a - 1) & ~(a - 1);
+}
+static inline int hak_is_pow2(size_t a) {
+    return a != 0 && (a & (a - 1)) == 0;
+}
+
+#endif

@@ -1,0 +1,146 @@
+/* Small tier: per-class shared state behind one mutex per class; threads
+ * touch it only to refill or flush their caches, a batch at a time. */
+#include "small.h"
+
+#include "box/os.h"
+#include "front/lifecycle.h"
+
+#include <errno.h>
+#include <pthread.h>
+
+struct small_class {
+    pthread_mutex_t lock;
+    void *free;          /* blocks flushed by threads, linked through word 0 */
+    uint8_t *bump, *end; /* never-used tail of the class's newest region */
+    uint64_t regions, carved_bytes, refills, flushes;
+};
+
+static struct small_class small_classes[SMALL_NCLASSES] = {
+    [0 ... SMALL_NCLASSES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER},
+};
+
+__thread struct small_tcache small_tc;
+
+static inline uint32_t small_batch(uint32_t cls) {
+    return small_class_cap[cls] / 2u;
+}
+
+/* Link n blocks of `size` starting at p into a list; returns its last block. */
+static void *small_link(uint8_t *p, uint32_t n, uint32_t size) {
+    for (uint32_t i = 1; i < n; i++, p += size)
+        *(void **)p = p + size;
+    *(void **)p = NULL;
+    return p;
+}
+
+/* Give the class a fresh region to carve from. Called with the lock held. */
+static bool small_new_region(struct small_class *c, uint32_t cls) {
+    uint8_t *r = os_map_aligned(HAK_REGION_SIZE, HAK_REGION_SIZE);
+    if (r == NULL) return false;
+    if (!rmap_set_region(r, RMAP_SMALL, cls)) {
+        os_unmap(r, HAK_REGION_SIZE);
+        return false;
+    }
+    c->bump = r;
+    c->end = r + HAK_REGION_SIZE;
+    c->regions++;
+    return true;
+}
+
+void *small_alloc_slow(uint32_t cls) {
+    life_thread_arm();
+    struct small_class *c = &small_classes[cls];
+    const uint32_t size = small_class_size[cls];
+    const uint32_t want = small_batch(cls);
+    void *first = NULL, *last = NULL;
+    uint32_t got = 0;
+
+    pthread_mutex_lock(&c->lock);
+    c->refills++;
+    if (c->free) {
+        /* Reuse flushed blocks before carving new ones. */
+        first = last = c->free;
+        for (got = 1; got < want && *(void **)last; got++)
+            last = *(void **)last;
+        c->free = *(void **)last;
+        *(void **)last = NULL;
+        pthread_mutex_unlock(&c->lock);
+    } else {
+        if ((size_t)(c->end - c->bump) < size && !small_new_region(c, cls)) {
+            pthread_mutex_unlock(&c->lock);
+            errno = ENOMEM;
+            return NULL;
+        }
+        size_t room = (size_t)(c->end - c->bump) / size;
+        got = room < want ? (uint32_t)room : want;
+        first = c->bump;
+        c->bump += (size_t)got * size;
+        c->carved_bytes += (size_t)got * size;
+        pthread_mutex_unlock(&c->lock);
+        last = small_link(first, got, size); /* private now: link outside the lock */
+    }
+
+    /* Hand out the first block; the rest become this thread's cache. */
+    *(void **)last = small_tc.head[cls];
+    small_tc.head[cls] = *(void **)first;
+    small_tc.count[cls] += (uint16_t)(got - 1);
+    return first;
+}
+
+/* Move the first n blocks of this thread's list for cls to the shared list. */
+static void small_give_back(uint32_t cls, uint32_t n) {
+    void *first = small_tc.head[cls];
+    void *last = first;
+    for (uint32_t i = 1; i < n; i++)
+        last = *(void **)last;
+    small_tc.head[cls] = *(void **)last;
+    small_tc.count[cls] -= (uint16_t)n;
+
+    struct small_class *c = &small_classes[cls];
+    pthread_mutex_lock(&c->lock);
+    *(void **)last = c->free;
+    c->free = first;
+    c->flushes++;
+    pthread_mutex_unlock(&c->lock);
+}
+
+void small_free_slow(void *p, uint32_t cls) {
+    *(void **)p = small_tc.head[cls];
+    small_tc.head[cls] = p;
+    small_tc.count[cls]++;
+    small_give_back(cls, small_batch(cls));
+}
+
+void small_thread_flush(void) {
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        if (small_tc.count[cls]) small_give_back(cls, small_tc.count[cls]);
+}
+
+void small_fork_prepare(void) {
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        pthread_mutex_lock(&small_classes[cls].lock);
+}
+
+void small_fork_parent(void) {
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        pthread_mutex_unlock(&small_classes[cls].lock);
+}
+
+void small_fork_child(void) {
+    /* The child has one thread; the locks it inherited are held by it. */
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        pthread_mutex_init(&small_classes[cls].lock, NULL);
+}
+
+void small_get_stats(struct small_stats *s) {
+    *s = (struct small_stats){0};
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
+        struct small_class *c = &small_classes[cls];
+        pthread_mutex_lock(&c->lock);
+        s->regions += c->regions;
+        s->carved_bytes += c->carved_bytes;
+        s->refills += c->refills;
+        s->flushes += c->flushes;
+        pthread_mutex_unlock(&c->lock);
+    }
+}

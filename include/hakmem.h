@@ -1,0 +1,36 @@
+/* hakmem — public API.
+ *
+ * Programs that link hakmem (-lhakmem) get the standard allocation functions
+ * (malloc, free, ...) replaced process-wide; the hak_-prefixed functions below
+ * are the same entry points under names that never collide with libc, for
+ * programs that want to call hakmem explicitly. */
+#ifndef HAKMEM_H
+#define HAKMEM_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void *hak_malloc(size_t size);
+void hak_free(void *ptr);
+void *hak_calloc(size_t nmemb, size_t size);
+void *hak_realloc(void *ptr, size_t size);
+void *hak_reallocarray(void *ptr, size_t nmemb, size_t size);
+int hak_posix_memalign(void **out, size_t alignment, size_t size);
+void *hak_aligned_alloc(size_t alignment, size_t size);
+void *hak_memalign(size_t alignment, size_t size);
+void *hak_valloc(size_t size);
+void *hak_pvalloc(size_t size);
+size_t hak_malloc_usable_size(void *ptr);
+void hak_free_sized(void *ptr, size_t size);
+void hak_free_aligned_sized(void *ptr, size_t alignment, size_t size);
+int hak_malloc_trim(size_t pad);
+void hak_malloc_stats(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HAKMEM_H */
