@@ -106,7 +106,7 @@ static void large_cache_put(struct large_hdr *h) {
 
 void *large_alloc(size_t size, size_t align, bool zero) {
     size_t off = large_offset(align);
-    if (size > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
+    if (off > HAK_MAX_REQUEST / 2 || size > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
         errno = ENOMEM;
         return NULL;
     }

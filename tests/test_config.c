@@ -1,0 +1,74 @@
+/* Configuration: valid values are taken, bad ones warn once naming the
+ * variable and leave the default. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "box/config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Run config_load with stderr captured into buf. */
+static void load_capturing(char *buf, size_t cap) {
+    int fds[2], saved = dup(2);
+    assert_int_equal(pipe(fds), 0);
+    dup2(fds[1], 2);
+    config_load();
+    dup2(saved, 2);
+    close(saved);
+    close(fds[1]);
+    ssize_t n = read(fds[0], buf, cap - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+}
+
+static int defaults(void **state) {
+    (void)state;
+    unsetenv("HAKMEM_STATS");
+    unsetenv("HAKMEM_BIGCACHE_MB");
+    hak_cfg.stats = false;
+    hak_cfg.bigcache_bytes = (size_t)64 << 20;
+    return 0;
+}
+
+static void test_valid_values_taken(void **state) {
+    (void)state;
+    char err[512];
+    setenv("HAKMEM_STATS", "1", 1);
+    setenv("HAKMEM_BIGCACHE_MB", "128", 1);
+    load_capturing(err, sizeof err);
+    assert_string_equal(err, "");
+    assert_true(hak_cfg.stats);
+    assert_int_equal(hak_cfg.bigcache_bytes, (size_t)128 << 20);
+}
+
+static void test_bad_values_warn_and_keep_default(void **state) {
+    (void)state;
+    const char *bad[] = {"abc", "-1", "99999999", "12x", "2"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char err[512];
+        setenv("HAKMEM_STATS", bad[i], 1);
+        load_capturing(err, sizeof err);
+        assert_non_null(strstr(err, "HAKMEM_STATS"));
+        assert_int_equal(strchr(err, '\n') - err + 1, (long)strlen(err)); /* one line */
+        assert_false(hak_cfg.stats);
+    }
+    char err[512];
+    unsetenv("HAKMEM_STATS");
+    setenv("HAKMEM_BIGCACHE_MB", "lots", 1);
+    load_capturing(err, sizeof err);
+    assert_non_null(strstr(err, "HAKMEM_BIGCACHE_MB"));
+    assert_int_equal(hak_cfg.bigcache_bytes, (size_t)64 << 20);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_valid_values_taken, defaults),
+        cmocka_unit_test_setup(test_bad_values_warn_and_keep_default, defaults),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

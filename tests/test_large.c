@@ -1,0 +1,141 @@
+/* Large tier: BigCache reuse without syscalls, its byte bound, realloc by
+ * page moves, trim, and the live counters behind mallinfo2. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "box/config.h"
+#include "box/os.h"
+#include "large.h"
+
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MiB ((size_t)1 << 20)
+
+static uint64_t os_total(void) {
+    return os_calls(OS_MMAP) + os_calls(OS_MUNMAP) + os_calls(OS_MADVISE) + os_calls(OS_MREMAP);
+}
+
+static int reset(void **state) {
+    (void)state;
+    hak_cfg.bigcache_bytes = 64 * MiB;
+    malloc_trim(0);
+    return 0;
+}
+
+static void test_free_malloc_cycle_makes_no_syscall(void **state) {
+    (void)state;
+    void *p = malloc(3 * MiB);
+    assert_non_null(p);
+    free(p);
+    uint64_t before = os_total();
+    for (int i = 0; i < 100; i++) {
+        void *q = malloc(3 * MiB);
+        assert_ptr_equal(q, p); /* the cached mapping comes back */
+        memset(q, i, 3 * MiB);
+        free(q);
+    }
+    assert_int_equal(os_total(), before);
+}
+
+static void test_cache_reuse_is_zeroed_for_calloc(void **state) {
+    (void)state;
+    uint8_t *p = malloc(5 * MiB);
+    memset(p, 0xcd, 5 * MiB);
+    free(p);
+    uint8_t *q = calloc(1, 5 * MiB);
+    assert_ptr_equal(q, p);
+    for (size_t k = 0; k < 5 * MiB; k += 4093)
+        assert_int_equal(q[k], 0);
+    free(q);
+}
+
+static void test_cache_respects_byte_bound(void **state) {
+    (void)state;
+    hak_cfg.bigcache_bytes = 8 * MiB;
+    void *a = malloc(3 * MiB), *b = malloc(3 * MiB), *c = malloc(3 * MiB);
+    free(a);
+    free(b);
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    free(c); /* 3 x 3 MiB > 8 MiB: the oldest must go */
+    assert_int_equal(os_calls(OS_MUNMAP), unmaps + 1);
+    struct large_stats s;
+    large_get_stats(&s);
+    assert_true(s.cached_bytes <= 8 * MiB);
+    assert_int_equal(s.cached_blocks, 2);
+
+    hak_cfg.bigcache_bytes = 0; /* caching off: every free unmaps */
+    void *d = malloc(2 * MiB);
+    unmaps = os_calls(OS_MUNMAP);
+    free(d);
+    assert_int_equal(os_calls(OS_MUNMAP), unmaps + 1);
+}
+
+static void test_realloc_moves_pages_not_bytes(void **state) {
+    (void)state;
+    size_t n = 8 * MiB;
+    uint32_t *p = malloc(n);
+    for (size_t k = 0; k < n / 4; k++)
+        p[k] = (uint32_t)(k * 2654435761u);
+    uint64_t remaps = os_calls(OS_MREMAP);
+    for (size_t grow = 16 * MiB; grow <= 256 * MiB; grow *= 2) {
+        p = realloc(p, grow);
+        assert_non_null(p);
+    }
+    assert_true(os_calls(OS_MREMAP) > remaps);
+    for (size_t k = 0; k < n / 4; k++)
+        assert_int_equal(p[k], (uint32_t)(k * 2654435761u));
+    struct large_stats s;
+    large_get_stats(&s);
+    assert_true(s.remaps_inplace + s.remaps_moved >= 1);
+    p = realloc(p, 2 * MiB); /* shrink in place */
+    for (size_t k = 0; k < 2 * MiB / 4; k++)
+        assert_int_equal(p[k], (uint32_t)(k * 2654435761u));
+    assert_true(malloc_usable_size(p) >= 2 * MiB);
+    free(p);
+}
+
+static void test_aligned_large_blocks(void **state) {
+    (void)state;
+    size_t aligns[] = {4096, MiB, 4 * MiB, 16 * MiB};
+    for (size_t i = 0; i < 4; i++) {
+        void *p = aligned_alloc(aligns[i], 5 * MiB);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % aligns[i], 0);
+        assert_true(malloc_usable_size(p) >= 5 * MiB);
+        memset(p, 1, 5 * MiB);
+        free(p);
+    }
+}
+
+static void test_trim_releases_cache_and_mallinfo_counts(void **state) {
+    (void)state;
+    struct mallinfo2 before = mallinfo2();
+    void *p = malloc(4 * MiB);
+    struct mallinfo2 live = mallinfo2();
+    assert_int_equal(live.hblks, before.hblks + 1);
+    assert_true(live.hblkhd >= before.hblkhd + 4 * MiB);
+    free(p);
+    assert_true(mallinfo2().keepcost >= 4 * MiB);
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    assert_int_equal(malloc_trim(0), 1);
+    assert_true(os_calls(OS_MUNMAP) > unmaps);
+    assert_int_equal(mallinfo2().keepcost, 0);
+    assert_int_equal(malloc_trim(0), 0); /* nothing left to give back */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
+        cmocka_unit_test_setup(test_cache_reuse_is_zeroed_for_calloc, reset),
+        cmocka_unit_test_setup(test_cache_respects_byte_bound, reset),
+        cmocka_unit_test_setup(test_realloc_moves_pages_not_bytes, reset),
+        cmocka_unit_test_setup(test_aligned_large_blocks, reset),
+        cmocka_unit_test_setup(test_trim_releases_cache_and_mallinfo_counts, reset),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
