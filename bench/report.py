@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Render the results of bench/run.sh as a markdown table.
+
+usage: bench/report.py [DIR]     (DIR defaults to out/bench)
+
+Reads DIR/results.tsv (one row per run), DIR/meta.tsv (machine and library
+versions) and DIR/failures.tsv, and prints, per workload and allocator, the
+median ops/s and peak RSS over the runs; hakmem rows also get the ratios of
+hakmem's median to the other allocators' medians. Any failed run turns its cell
+into FAILED. run.sh saves this output as DIR/table.md.
+"""
+import csv
+import os
+import statistics
+import sys
+
+ORDER = ["glibc", "hakmem", "mimalloc", "jemalloc"]
+BASELINES = ["mimalloc", "glibc", "jemalloc"]  # hakmem/X ops/s ratios, in this order
+SHORT = {"mimalloc": "mi", "glibc": "glibc", "jemalloc": "je"}
+
+
+def read_tsv(path):
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+def read_meta(path):
+    meta = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                key, _, val = line.rstrip("\n").partition("\t")
+                meta.setdefault(key, []).append(val)
+    return meta
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+def render(rows, align):
+    """Markdown table with columns padded so it also reads well in a terminal."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+
+    def fmt(r):
+        cells = [c.rjust(w) if al == "r" else c.ljust(w) for c, w, al in zip(r, widths, align)]
+        return "| " + " | ".join(cells) + " |"
+
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if al == "r" else ("-" * (w + 2))
+                         for w, al in zip(widths, align)) + "|"
+    return "\n".join([fmt(rows[0]), sep] + [fmt(r) for r in rows[1:]])
+
+
+def main():
+    d = sys.argv[1] if len(sys.argv) > 1 else "out/bench"
+    results = read_tsv(os.path.join(d, "results.tsv"))
+    failures = read_tsv(os.path.join(d, "failures.tsv"))
+    meta = read_meta(os.path.join(d, "meta.tsv"))
+    if not results:
+        print(f"report.py: no results in {d}/results.tsv", file=sys.stderr)
+        return 1
+
+    # Workloads in run order; allocators in the canonical order, then any others.
+    workloads, allocs = [], []
+    runs = {}  # (workload, allocator) -> list of (ops or None, rss or None)
+    for r in results:
+        w, a = r["workload"], r["allocator"]
+        if w not in workloads:
+            workloads.append(w)
+        if a not in allocs:
+            allocs.append(a)
+        ok = r["ops_per_s"] != "FAILED"
+        runs.setdefault((w, a), []).append(
+            (float(r["ops_per_s"]) if ok else None, float(r["peak_rss_kib"]) if ok else None))
+    allocs.sort(key=lambda a: (ORDER.index(a) if a in ORDER else len(ORDER), a))
+
+    med = {}  # (workload, allocator) -> (ops, rss, spread), or None if any run failed
+    for key, rs in runs.items():
+        ops = [o for o, _ in rs if o is not None]
+        if len(ops) < len(rs):
+            med[key] = None
+            continue
+        m = statistics.median(ops)
+        spread = (max(ops) - min(ops)) / m if m else 0.0
+        med[key] = (m, statistics.median(s for _, s in rs), spread)
+
+    have_hakmem = "hakmem" in allocs
+    header = ["workload", "allocator", "Mops/s", "spread", "RSS KiB"]
+    align = ["l", "l", "r", "r", "r"]
+    if have_hakmem:
+        header += [f"hak/{SHORT[b]}" for b in BASELINES] + ["RSS hak/mi"]
+        align += ["r"] * (len(BASELINES) + 1)
+    rows = [header]
+    for w in workloads:
+        for i, a in enumerate(allocs):
+            if (w, a) not in runs:
+                continue
+            m = med[(w, a)]
+            label = w if i == 0 or all((w, x) not in runs for x in allocs[:i]) else ""
+            if m is None:
+                nfail = sum(1 for o, _ in runs[(w, a)] if o is None)
+                row = [label, a, f"FAILED {nfail}/{len(runs[(w, a)])}", "", ""]
+            else:
+                row = [label, a, f"{m[0] / 1e6:.2f}", f"{100 * m[2]:.1f}%", f"{m[1]:.0f}"]
+            if have_hakmem:
+                if a == "hakmem":
+                    def val(x, idx):
+                        mx = med.get((w, x))
+                        return mx[idx] if mx else None
+                    h_ops, h_rss = val("hakmem", 0), val("hakmem", 1)
+                    row += [ratio(h_ops, val(b, 0)) for b in BASELINES]
+                    row.append(ratio(h_rss, val("mimalloc", 1)))
+                else:
+                    row += [""] * (len(BASELINES) + 1)
+            rows.append(row)
+
+    first = lambda k, dflt="?": meta.get(k, [dflt])[0]
+    out = []
+    out.append(f"## hakmem benchmark ({first('date')})")
+    out.append("")
+    out.append(f"- machine: nproc {first('nproc')}, {first('kernel')}, CPU {first('cpu')}"
+               + (f", pinned to {first('pinned')}" if "pinned" in meta else ""))
+    out.append("- libraries: " + "; ".join(meta.get("version", [])))
+    for s in meta.get("skipped", []):
+        out.append(f"- skipped: {s}")
+    out.append(f"- {first('runs')} interleaved runs per cell. Mops/s and RSS KiB: medians over "
+               "the runs of ops/s (in millions) and of peak RSS; spread: (max-min)/median of ops/s")
+    if have_hakmem:
+        out.append("- hak/X: hakmem's median ops/s / X's (> 1: hakmem faster); "
+                   "RSS hak/mi: hakmem's median peak RSS / mimalloc's (> 1: hakmem uses more)")
+    out.append("")
+    out.append(render(rows, align))
+    if meta.get("workload"):
+        out.append("")
+        out.append("Workloads (`NAME: [ENV] BINARY ARGS`, run as out/bench/BINARY):")
+        out.append("")
+        for wl in meta["workload"]:
+            name, _, spec = wl.partition("\t")
+            out.append(f"- `{name}`: `{spec}`")
+    if failures:
+        out.append("")
+        out.append(f"**FAILED runs ({len(failures)}):**")
+        out.append("")
+        groups = {}  # (workload, allocator, reason) -> [(run, log)]
+        for f in failures:
+            groups.setdefault((f["workload"], f["allocator"], f["reason"]), []).append(
+                (f["run"], f["log"]))
+        for (w, a, reason), rl in groups.items():
+            out.append(f"- {w} / {a}: run {','.join(r for r, _ in rl)}: {reason} "
+                       f"(log: {rl[0][1]})")
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

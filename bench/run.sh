@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# Compare hakmem with glibc, mimalloc and jemalloc on the bench/bench_* workloads.
+#
+# usage: bench/run.sh            (from the repo root; `make bench` calls it)
+# env:   RUNS=5                  runs per (workload, allocator)
+#        ALLOCATORS="glibc hakmem mimalloc jemalloc"   subset/order to run
+#        WORKLOADS=REGEX         only workloads whose name matches (grep -E)
+#        BENCH_TIMEOUT=120       seconds before a single bench run is killed
+#        BENCH_CPU=N             pin every bench run to CPU N (taskset)
+#        HAKMEM_SO=path          hakmem library (default out/release/libhakmem.so)
+#
+# Writes out/bench/results.tsv (one row per run), out/bench/table.md (the
+# table printed at the end), out/bench/logs/ (each run's output). Exits
+# non-zero if any bench run failed (crash, timeout, no Throughput line).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+unset LD_PRELOAD # the glibc rows must really be glibc
+ROOT=$PWD
+OUT=out/bench
+RUNS=${RUNS:-5}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
+ALLOCATORS=${ALLOCATORS:-glibc hakmem mimalloc jemalloc}
+WORKLOADS=${WORKLOADS:-}
+HAKMEM_SO=${HAKMEM_SO:-$ROOT/out/release/libhakmem.so}
+
+if ! [[ $RUNS =~ ^[1-9][0-9]*$ ]]; then
+    echo "bench/run.sh: RUNS must be a positive integer (got '$RUNS')" >&2
+    exit 2
+fi
+
+# ---- workloads -----------------------------------------------------------------
+# One workload per line: NAME [VAR=value ...] BINARY [ARGS ...]
+# BINARY is a bench/BINARY.c program (built as out/bench/BINARY); the VAR=value
+# words are put in its environment. To add a workload, add a line here.
+# Iteration counts are picked so that one run takes ~0.2-0.5 s under glibc on
+# the reference machine (random_mixed keeps the 1M iterations of its spec).
+workload_table() {
+    cat <<'EOF'
+# name                      env / binary / args (iters, then bench-specific)
+random_mixed_16-1024_ws400  HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 bench_random_mixed 1000000 400 42
+random_mixed_16-1024_ws4096 HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 bench_random_mixed 1000000 4096 42
+fixed_size_16               bench_fixed_size 30000000 16 42
+fixed_size_64               bench_fixed_size 30000000 64 42
+fixed_size_256              bench_fixed_size 15000000 256 42
+fixed_size_1024             bench_fixed_size 10000000 1024 42
+EOF
+}
+
+wl_names=()
+wl_specs=()
+while read -r name spec; do
+    [[ -z $name || $name == \#* ]] && continue
+    if [[ -n $WORKLOADS ]] && ! grep -Eq -- "$WORKLOADS" <<<"$name"; then continue; fi
+    wl_names+=("$name")
+    wl_specs+=("$spec")
+done < <(workload_table)
+if [ "${#wl_names[@]}" -eq 0 ]; then
+    echo "bench/run.sh: no workload matches WORKLOADS='$WORKLOADS'" >&2
+    exit 2
+fi
+
+# Binary of a workload spec: the first word without '='.
+spec_binary() {
+    local w
+    for w in $1; do
+        [[ $w == *=* ]] || {
+            echo "$w"
+            return
+        }
+    done
+}
+
+# Build the bench binaries (these targets do not need the library to build).
+bins=()
+for spec in "${wl_specs[@]}"; do
+    b=$(spec_binary "$spec")
+    [ -f "bench/$b.c" ] || {
+        echo "bench/run.sh: workload uses bench/$b.c, which does not exist" >&2
+        exit 2
+    }
+    bins+=("$OUT/$b")
+done
+mapfile -t bins < <(printf '%s\n' "${bins[@]}" | sort -u)
+make --no-print-directory -s "${bins[@]}"
+
+# ---- allocators ---------------------------------------------------------------
+# Print the path of a shared library: ldconfig's cache first, then the files of
+# the Debian package, then the usual multiarch directory.
+find_lib() {
+    local soname=$1 pkg=$2 p
+    p=$(/sbin/ldconfig -p 2>/dev/null | awk -v n="$soname" '$1 == n && /x86-64/ { print $NF; exit }')
+    if [ -z "$p" ] && command -v dpkg >/dev/null; then
+        p=$(dpkg -L "$pkg" 2>/dev/null | grep -m1 "/$soname\$" || true)
+    fi
+    [ -z "$p" ] && p=/usr/lib/x86_64-linux-gnu/$soname
+    [ -r "$p" ] && echo "$p"
+    return 0
+}
+
+pkg_version() { dpkg-query -W -f '${Version}' "$1" 2>/dev/null || echo unknown; }
+
+declare -A SO=() VER=()
+allocs=()
+skipped=()
+for a in ${ALLOCATORS//,/ }; do
+    so=""
+    case $a in
+    glibc)
+        VER[$a]="glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
+        ;;
+    hakmem)
+        if [ -r "$HAKMEM_SO" ]; then
+            so=$(realpath "$HAKMEM_SO")
+        else
+            echo "bench/run.sh: WARNING: $HAKMEM_SO not found (library not built?); skipping hakmem" >&2
+            skipped+=("hakmem (no $HAKMEM_SO)")
+            continue
+        fi
+        v=$(sed -n 's/^VERSION *:= *//p' Makefile)
+        rev=$(git rev-parse --short HEAD 2>/dev/null || echo "no commit")
+        if [ -n "$(git status --porcelain -- core include Makefile 2>/dev/null)" ]; then
+            rev="$rev+dirty"
+        fi
+        VER[$a]="hakmem ${v:-?} ($rev, built $(date -r "$so" '+%F %T'))"
+        ;;
+    mimalloc | jemalloc)
+        if [ "$a" = mimalloc ]; then
+            soname=libmimalloc.so.2 pkg=libmimalloc2.0
+        else
+            soname=libjemalloc.so.2 pkg=libjemalloc2
+        fi
+        so=$(find_lib $soname $pkg)
+        if [ -z "$so" ]; then
+            echo "bench/run.sh: WARNING: $soname not found (run bench/deps.sh); skipping $a" >&2
+            skipped+=("$a (no $soname)")
+            continue
+        fi
+        owner=$(dpkg -S "$(realpath "$so")" 2>/dev/null | cut -d: -f1 | head -1)
+        VER[$a]="$a $(pkg_version "${owner:-$pkg}")"
+        ;;
+    *)
+        echo "bench/run.sh: unknown allocator '$a' (known: glibc hakmem mimalloc jemalloc)" >&2
+        exit 2
+        ;;
+    esac
+    SO[$a]=$so
+    allocs+=("$a")
+done
+if [ "${#allocs[@]}" -eq 0 ]; then
+    echo "bench/run.sh: no allocator to run" >&2
+    exit 2
+fi
+
+mkdir -p "$OUT/logs"
+rm -f "$OUT"/logs/*.log
+
+# Preflight: check that a preloaded library really takes over malloc/free.
+# Otherwise ld.so may silently fall back to glibc and we would report glibc's
+# numbers under another name. Such an allocator's runs are all FAILED.
+declare -A BROKEN=()
+probe=$(spec_binary "${wl_specs[0]}")
+for a in "${allocs[@]}"; do
+    so=${SO[$a]}
+    [ -z "$so" ] && continue
+    log=$OUT/logs/preflight.$a.log
+    set +e
+    LD_DEBUG=bindings LD_PRELOAD=$so timeout -k 5 "$BENCH_TIMEOUT" "$OUT/$probe" 1000 \
+        </dev/null >"$log" 2>&1
+    rc=$?
+    set -e
+    targets=$(grep -E "binding file [^ ]*/$probe \[0\] to .*symbol \`(malloc|free)'" "$log" |
+        sed -E 's/.* to ([^ ]+) \[.*/\1/' | sort -u)
+    ok=1
+    [ -n "$targets" ] || ok=0
+    for t in $targets; do
+        [ "$(realpath "$t" 2>/dev/null)" = "$(realpath "$so")" ] || ok=0
+    done
+    if [ $ok -eq 0 ]; then
+        if [ $rc -ne 0 ]; then
+            echo "bench/run.sh: WARNING: $a preflight exited with status $rc (see $log)" >&2
+        else
+            echo "bench/run.sh: ERROR: preloading $so does not replace malloc/free" \
+                "(bound to: ${targets:-nothing}); all $a runs count as FAILED" >&2
+            BROKEN[$a]="malloc/free not interposed by $so"
+        fi
+    fi
+done
+
+# ---- metadata -------------------------------------------------------------------
+{
+    printf 'date\t%s\n' "$(date '+%F %T %Z')"
+    printf 'nproc\t%s\n' "$(nproc)"
+    printf 'kernel\t%s\n' "$(uname -sr)"
+    printf 'cpu\t%s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+    printf 'runs\t%s\n' "$RUNS"
+    printf 'allocators\t%s\n' "${allocs[*]}"
+    for a in "${allocs[@]}"; do printf 'version\t%s\n' "${VER[$a]}"; done
+    for s in "${skipped[@]}"; do printf 'skipped\t%s\n' "$s"; done
+    for i in "${!wl_names[@]}"; do printf 'workload\t%s\t%s\n' "${wl_names[$i]}" "${wl_specs[$i]}"; done
+    if [ -n "${BENCH_CPU:-}" ]; then printf 'pinned\tCPU %s\n' "$BENCH_CPU"; fi
+} >"$OUT/meta.tsv"
+
+# ---- runs ---------------------------------------------------------------------
+RESULTS=$OUT/results.tsv
+FAILURES=$OUT/failures.tsv
+printf 'workload\tallocator\trun\tops_per_s\tpeak_rss_kib\n' >"$RESULTS"
+printf 'workload\tallocator\trun\treason\tlog\n' >"$FAILURES"
+pin=()
+[ -n "${BENCH_CPU:-}" ] && pin=(taskset -c "$BENCH_CPU")
+nfail=0
+
+# run_one WORKLOAD_INDEX ALLOCATOR RUN: one bench run; appends to the TSVs and
+# prints a short result (e.g. "71.87M" or "FAILED") on stdout.
+run_one() {
+    local i=$1 a=$2 r=$3 name=${wl_names[$1]} w rc ops rss reason=""
+    local log=$OUT/logs/$name.$a.$r.log
+    local -a envs=() cmd=()
+    for w in ${wl_specs[$i]}; do
+        if [ ${#cmd[@]} -eq 0 ] && [[ $w == *=* ]]; then
+            envs+=("$w")
+        elif [ ${#cmd[@]} -eq 0 ]; then
+            cmd+=("$OUT/$w")
+        else
+            cmd+=("$w")
+        fi
+    done
+    [ -n "${SO[$a]}" ] && envs+=("LD_PRELOAD=${SO[$a]}")
+    if [ -n "${BROKEN[$a]:-}" ]; then
+        echo "not run: ${BROKEN[$a]}" >"$log"
+        reason=${BROKEN[$a]}
+    else
+        set +e
+        "${pin[@]}" timeout -k 5 "$BENCH_TIMEOUT" env "${envs[@]}" "${cmd[@]}" </dev/null >"$log" 2>&1
+        rc=$?
+        set -e
+        ops=$(sed -n 's/^Throughput = \([0-9][0-9]*\) ops\/s$/\1/p' "$log" | tail -1)
+        rss=$(sed -n 's/^Peak RSS = \([0-9][0-9]*\) KiB$/\1/p' "$log" | tail -1)
+        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+            reason="timed out after ${BENCH_TIMEOUT}s"
+        elif [ $rc -gt 128 ]; then
+            reason="killed by SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))"
+        elif [ $rc -ne 0 ]; then
+            reason="exit status $rc"
+        elif grep -q 'ld\.so' "$log"; then
+            reason="ld.so error: $(grep -m1 'ld\.so' "$log")"
+        elif [ -z "$ops" ] || [ -z "$rss" ]; then
+            reason="no Throughput/Peak RSS line"
+        fi
+    fi
+    if [ -n "$reason" ]; then
+        printf '%s\t%s\t%s\tFAILED\t-\n' "$name" "$a" "$r" >>"$RESULTS"
+        printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$reason" "$log" >>"$FAILURES"
+        echo "FAILED"
+        return 1
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$ops" "$rss" >>"$RESULTS"
+    awk -v o="$ops" 'BEGIN { printf "%.2fM", o / 1e6 }'
+}
+
+n=${#allocs[@]}
+echo "bench/run.sh: ${#wl_names[@]} workloads x $n allocators (${allocs[*]}) x $RUNS runs" >&2
+t_start=$SECONDS
+for ((r = 1; r <= RUNS; r++)); do
+    for i in "${!wl_names[@]}"; do
+        line="run $r/$RUNS ${wl_names[$i]}:"
+        # Rotate the starting allocator every run so no allocator always goes first.
+        for ((k = 0; k < n; k++)); do
+            a=${allocs[$(((r - 1 + k) % n))]}
+            if res=$(run_one "$i" "$a" "$r"); then :; else nfail=$((nfail + 1)); fi
+            line+=" $a=$res"
+        done
+        echo "$line" >&2
+    done
+done
+echo "bench/run.sh: done in $((SECONDS - t_start))s" >&2
+
+# ---- table --------------------------------------------------------------------
+python3 bench/report.py "$OUT" | tee "$OUT/table.md"
+
+if [ $nfail -gt 0 ]; then
+    echo "bench/run.sh: $nfail bench run(s) FAILED; see $FAILURES and $OUT/logs/" >&2
+    exit 1
+fi
