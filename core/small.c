@@ -25,6 +25,14 @@ static inline uint32_t small_batch(uint32_t cls) {
     return small_class_cap[cls] / 2u;
 }
 
+/* This thread's first slow path, or its first after the exit hook ran: arm
+ * the hook and open the caches. */
+static void small_thread_start(void) {
+    life_thread_arm();
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        small_tc.cap[cls] = small_class_cap[cls];
+}
+
 /* Link n blocks of `size` starting at p into a list; returns its last block. */
 static void *small_link(uint8_t *p, uint32_t n, uint32_t size) {
     for (uint32_t i = 1; i < n; i++, p += size)
@@ -48,7 +56,7 @@ static bool small_new_region(struct small_class *c, uint32_t cls) {
 }
 
 void *small_alloc_slow(uint32_t cls) {
-    life_thread_arm();
+    if (small_tc.cap[cls] == 0) small_thread_start();
     struct small_class *c = &small_classes[cls];
     const uint32_t size = small_class_size[cls];
     const uint32_t want = small_batch(cls);
@@ -105,10 +113,17 @@ static void small_give_back(uint32_t cls, uint32_t n) {
 }
 
 void small_free_slow(void *p, uint32_t cls) {
+    if (small_tc.cap[cls] == 0) small_thread_start();
     *(void **)p = small_tc.head[cls];
     small_tc.head[cls] = p;
     small_tc.count[cls]++;
-    small_give_back(cls, small_batch(cls));
+    if (small_tc.count[cls] > small_tc.cap[cls]) small_give_back(cls, small_batch(cls));
+}
+
+void small_thread_exit(void) {
+    small_thread_flush();
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        small_tc.cap[cls] = 0;
 }
 
 void small_thread_flush(void) {

@@ -16,7 +16,10 @@
 struct small_tcache {
     void *head[SMALL_NCLASSES];     /* free blocks, linked through word 0 */
     uint16_t count[SMALL_NCLASSES]; /* length of each list */
-    bool registered;                /* thread-exit hook armed */
+    /* Capacity per class: 0 until this thread's first slow path (and again
+     * after its exit hook ran), so a thread's first free of a class also
+     * takes the slow path, which arms the exit hook. */
+    uint16_t cap[SMALL_NCLASSES];
 };
 
 extern __thread struct small_tcache small_tc;
@@ -48,7 +51,7 @@ static inline void small_free(void *p, uint32_t cls, const char *fn) {
     void *head = small_tc.head[cls];
     /* The cheapest double-free check: the block freed last in this class. */
     if (hak_unlikely(head == p)) diag_bad_pointer(fn, "double free", p);
-    if (hak_unlikely(small_tc.count[cls] >= small_class_cap[cls])) {
+    if (hak_unlikely(small_tc.count[cls] >= small_tc.cap[cls])) {
         small_free_slow(p, cls);
         return;
     }
@@ -59,6 +62,9 @@ static inline void small_free(void *p, uint32_t cls, const char *fn) {
 
 /* Return every block this thread caches to the shared lists. */
 void small_thread_flush(void);
+/* Thread exit: flush, and close the caches so anything freed later goes
+ * through the slow path (which re-arms the exit hook). */
+void small_thread_exit(void);
 
 /* Fork: hold every lock across fork() so the child sees consistent state. */
 void small_fork_prepare(void);

@@ -72,6 +72,27 @@ static void test_thread_exit_returns_cache(void **state) {
     assert_true(flushes() > before);
 }
 
+static void *free_only(void *arg) {
+    void **b = arg;
+    for (int i = 0; i < 50; i++)
+        free(b[i]);
+    return NULL;
+}
+
+static void test_free_only_thread_returns_cache_at_exit(void **state) {
+    (void)state;
+    /* A consumer thread that never calls malloc must still give back what
+     * it cached when it exits. */
+    void *b[50];
+    for (int i = 0; i < 50; i++)
+        b[i] = malloc(300);
+    uint64_t before = flushes();
+    pthread_t t;
+    pthread_create(&t, NULL, free_only, b);
+    pthread_join(t, NULL);
+    assert_true(flushes() > before);
+}
+
 static void *free_all(void *arg) {
     void **b = arg;
     for (int i = 0; i < 500; i++) {
@@ -120,6 +141,7 @@ int main(void) {
         cmocka_unit_test(test_block_boundaries),
         cmocka_unit_test(test_cache_capped_and_spills),
         cmocka_unit_test(test_thread_exit_returns_cache),
+        cmocka_unit_test(test_free_only_thread_returns_cache_at_exit),
         cmocka_unit_test(test_cross_thread_free_and_reuse),
         cmocka_unit_test(test_trim_empties_this_threads_cache),
     };

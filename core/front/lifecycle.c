@@ -21,7 +21,7 @@ static __thread bool life_arming; /* pthread_setspecific may itself allocate */
 static void life_thread_exit(void *unused) {
     (void)unused;
     life_armed = false;
-    small_thread_flush();
+    small_thread_exit();
 }
 
 /* Fork: take every allocator lock so the child never inherits one held by a
