@@ -65,7 +65,7 @@ out/tests/cxx_prog: tests/real/cxx_prog.cpp
 out/tests/cxx_prog_linked: tests/real/cxx_prog.cpp out/release/libhakmem.so
 	@mkdir -p out/tests
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror $< -o $@ \
-		-Lout/release -lhakmem -Wl,-rpath,$(CURDIR)/out/release
+		-Lout/release -Wl,--no-as-needed -lhakmem -Wl,--as-needed -Wl,-rpath,$(CURDIR)/out/release
 
 tests: release debug $(TEST_BINS) out/tests/cxx_prog out/tests/cxx_prog_linked
 

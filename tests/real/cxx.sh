@@ -1,0 +1,33 @@
+#!/bin/bash
+# A C++17 program (out/tests/cxx_prog, built by `make tests`) must print the
+# same summary on glibc, under LD_PRELOAD=hakmem, and when linked with
+# -lhakmem (out/tests/cxx_prog_linked). The hakmem runs set
+# HAKMEM_EXPECT_LINKED=1 so the program itself checks hakmem is loaded.
+set -euo pipefail
+NAME=cxx
+# shellcheck source=tests/real/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+PLAIN=$ROOT/out/tests/cxx_prog
+LINKED=$ROOT/out/tests/cxx_prog_linked
+[ -x "$PLAIN" ] || fail "$PLAIN missing (run make tests)"
+[ -x "$LINKED" ] || fail "$LINKED missing (run make tests)"
+require_lib
+
+rc=0
+run_case plain "$TMP/plain.out" "$TMP/plain.err" 60 env -u HAKMEM_EXPECT_LINKED "$PLAIN" || rc=$?
+[ "$rc" -eq 0 ] || fail "plain run: $(describe_rc "$rc"): $(last_err "$TMP/plain.err")"
+run_case hakmem "$TMP/preload.out" "$TMP/preload.err" 60 env HAKMEM_EXPECT_LINKED=1 "$PLAIN" ||
+    rc=$?
+[ "$rc" -eq 0 ] || fail "LD_PRELOAD run: $(describe_rc "$rc"): $(last_err "$TMP/preload.err")"
+run_case plain "$TMP/linked.out" "$TMP/linked.err" 60 env HAKMEM_EXPECT_LINKED=1 "$LINKED" || rc=$?
+[ "$rc" -eq 0 ] || fail "linked run: $(describe_rc "$rc"): $(last_err "$TMP/linked.err")"
+check_no_diag "$TMP/preload.err"
+check_no_diag "$TMP/linked.err"
+
+[ "$(tail -n 1 "$TMP/plain.out")" = ok ] || fail "plain run did not print ok"
+cmp -s "$TMP/plain.out" "$TMP/preload.out" ||
+    fail "LD_PRELOAD output differs: $(diff_head "$TMP/plain.out" "$TMP/preload.out")"
+cmp -s "$TMP/plain.out" "$TMP/linked.out" ||
+    fail "linked output differs: $(diff_head "$TMP/plain.out" "$TMP/linked.out")"
+pass

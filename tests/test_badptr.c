@@ -1,0 +1,354 @@
+/* Death tests: invalid and double frees must abort with exactly one
+ * diagnostic line naming the pointer. Each case runs in a fork()ed child with
+ * stderr on a pipe; the parent checks the signal and the text. */
+#include <errno.h>
+#include <malloc.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define KiB ((size_t)1024)
+#define MiB (KiB * 1024)
+
+/* glibc's own allocator, bypassing whatever malloc the program uses. */
+extern void *__libc_malloc(size_t size);
+extern void __libc_free(void *ptr);
+
+#define DEATH_TIMEOUT_MS 10000
+
+struct death {
+    int status;    /* waitpid status */
+    bool timedout; /* child killed by us */
+    char err[8192];
+    size_t len;
+};
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs fn(arg) in a child whose stderr is captured into d->err. */
+static void run_child(void (*fn)(void *), void *arg, struct death *d) {
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* cmocka traps some signals; the child must die the default way. */
+        const int sigs[] = {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+            signal(sigs[i], SIG_DFL);
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        close(fd[0]);
+        dup2(fd[1], 2);
+        close(fd[1]);
+        fn(arg);
+        _exit(0);
+    }
+    close(fd[1]);
+    memset(d, 0, sizeof *d);
+    int64_t deadline = now_ms() + DEATH_TIMEOUT_MS;
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            d->timedout = true;
+            kill(pid, SIGKILL);
+            break;
+        }
+        struct pollfd p = {.fd = fd[0], .events = POLLIN};
+        int r = poll(&p, 1, (int)left);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) continue;
+        ssize_t n = read(fd[0], d->err + d->len, sizeof d->err - 1 - d->len);
+        if (n <= 0) break; /* EOF: the child is gone (or closed stderr) */
+        d->len += (size_t)n;
+        if (d->len == sizeof d->err - 1) break;
+    }
+    close(fd[0]);
+    /* Bounded wait: stderr may close before the child is fully dead. */
+    for (;;) {
+        pid_t w = waitpid(pid, &d->status, WNOHANG);
+        if (w == pid) break;
+        if (now_ms() > deadline) {
+            d->timedout = true;
+            kill(pid, SIGKILL);
+            waitpid(pid, &d->status, 0);
+            break;
+        }
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    d->err[d->len] = 0;
+}
+
+/* Counts lines of d->err equal to `line`, and lines starting "hakmem:". */
+static void count_lines(const struct death *d, const char *line, int *exact, int *hakmem) {
+    *exact = *hakmem = 0;
+    const char *s = d->err;
+    while (*s) {
+        const char *e = strchr(s, '\n');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        if (n == strlen(line) && memcmp(s, line, n) == 0) (*exact)++;
+        if (n >= 7 && memcmp(s, "hakmem:", 7) == 0) (*hakmem)++;
+        s += n + (e != NULL);
+    }
+}
+
+static void assert_aborted(const struct death *d) {
+    if (d->timedout)
+        fail_msg("child hung (killed after %d ms); stderr: %s", DEATH_TIMEOUT_MS, d->err);
+    if (!WIFSIGNALED(d->status))
+        fail_msg("child did not die from a signal (exit %d); stderr: %s", WEXITSTATUS(d->status),
+                 d->err);
+    if (WTERMSIG(d->status) != SIGABRT)
+        fail_msg("child died from signal %d, not SIGABRT; stderr: %s", WTERMSIG(d->status), d->err);
+}
+
+/* The child must abort, printing exactly `expected` and no other hakmem line. */
+static void expect_death(void (*fn)(void *), void *arg, const char *expected) {
+    struct death d;
+    run_child(fn, arg, &d);
+    assert_aborted(&d);
+    int exact, hak;
+    count_lines(&d, expected, &exact, &hak);
+    if (exact != 1 || hak != 1)
+        fail_msg("expected exactly one line \"%s\"; stderr was:\n%s", expected, d.err);
+}
+
+static void expect_invalid(const char *fn_name, void (*fn)(void *), void *ptr) {
+    char line[128];
+    snprintf(line, sizeof line, "hakmem: %s(): invalid pointer %p", fn_name, ptr);
+    expect_death(fn, ptr, line);
+}
+
+/* ---- operations run in the child ------------------------------------------ */
+
+/* Pointers travel through a volatile so the compiler cannot diagnose or
+ * fold the deliberately bad calls. */
+static void do_free(void *p) {
+    void *volatile v = p;
+    free(v);
+}
+
+static void do_realloc(void *p) {
+    void *volatile v = p;
+    void *r = realloc(v, 100);
+    /* Reaching here means no abort; print so the failure is explained. */
+    fprintf(stderr, "realloc returned %p\n", r);
+}
+
+static void do_usable_size(void *p) {
+    void *volatile v = p;
+    size_t n = malloc_usable_size(v);
+    fprintf(stderr, "malloc_usable_size returned %zu\n", n);
+}
+
+static void do_double_free(void *p) {
+    void *volatile v = p;
+    free(v);
+    free(v);
+}
+
+/* ---- bad pointers --------------------------------------------------------- */
+
+_Alignas(64) static char g_global[256];
+
+static void test_free_stack(void **state) {
+    (void)state;
+    _Alignas(64) char buf[256];
+    memset(buf, 0, sizeof buf);
+    expect_invalid("free", do_free, buf);
+}
+
+static void test_free_global(void **state) {
+    (void)state;
+    expect_invalid("free", do_free, g_global);
+}
+
+static void test_free_libc_malloc(void **state) {
+    (void)state;
+    void *p = __libc_malloc(100);
+    assert_non_null(p);
+    expect_invalid("free", do_free, p);
+    __libc_free(p);
+}
+
+static void test_free_random_address(void **state) {
+    (void)state;
+    expect_invalid("free", do_free, (void *)(uintptr_t)0x123456789a0ull);
+}
+
+/* Memory the program mapped itself, 2 MiB aligned like hakmem's own. */
+static void test_free_foreign_mapping(void **state) {
+    (void)state;
+    size_t len = 4 * MiB;
+    char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    char *p = (char *)(((uintptr_t)m + 2 * MiB - 1) & ~(uintptr_t)(2 * MiB - 1));
+    expect_invalid("free", do_free, p);
+    munmap(m, len);
+}
+
+static void test_free_interior_small(void **state) {
+    (void)state;
+    char *p = malloc(64);
+    assert_non_null(p);
+    expect_invalid("free", do_free, p + 16);
+    free(p);
+}
+
+static void test_free_misaligned_small(void **state) {
+    (void)state;
+    char *p = malloc(64);
+    assert_non_null(p);
+    expect_invalid("free", do_free, p + 1);
+    free(p);
+}
+
+static void test_free_interior_large(void **state) {
+    (void)state;
+    char *p = malloc(3 * MiB);
+    assert_non_null(p);
+    expect_invalid("free", do_free, p + 4096);
+    free(p);
+}
+
+static void test_realloc_stack(void **state) {
+    (void)state;
+    _Alignas(64) char buf[256];
+    memset(buf, 0, sizeof buf);
+    expect_invalid("realloc", do_realloc, buf);
+}
+
+static void test_realloc_interior_small(void **state) {
+    (void)state;
+    char *p = malloc(64);
+    assert_non_null(p);
+    expect_invalid("realloc", do_realloc, p + 16);
+    free(p);
+}
+
+static void test_realloc_interior_large(void **state) {
+    (void)state;
+    char *p = malloc(3 * MiB);
+    assert_non_null(p);
+    expect_invalid("realloc", do_realloc, p + 4096);
+    free(p);
+}
+
+static void test_usable_size_stack(void **state) {
+    (void)state;
+    _Alignas(64) char buf[256];
+    memset(buf, 0, sizeof buf);
+    expect_invalid("malloc_usable_size", do_usable_size, buf);
+}
+
+static void test_usable_size_interior_small(void **state) {
+    (void)state;
+    char *p = malloc(64);
+    assert_non_null(p);
+    expect_invalid("malloc_usable_size", do_usable_size, p + 16);
+    free(p);
+}
+
+static void test_usable_size_interior_large(void **state) {
+    (void)state;
+    char *p = malloc(3 * MiB);
+    assert_non_null(p);
+    expect_invalid("malloc_usable_size", do_usable_size, p + 4096);
+    free(p);
+}
+
+/* ---- double free ---------------------------------------------------------- */
+
+static void expect_double_free(size_t size) {
+    void *p = malloc(size);
+    assert_non_null(p);
+    struct death d;
+    run_child(do_double_free, p, &d);
+    assert_aborted(&d);
+    char dbl[128], inv[128];
+    snprintf(dbl, sizeof dbl, "hakmem: free(): double free %p", p);
+    snprintf(inv, sizeof inv, "hakmem: free(): invalid pointer %p", p);
+    int e1, e2, hak;
+    count_lines(&d, dbl, &e1, &hak);
+    count_lines(&d, inv, &e2, &hak);
+    if (e1 + e2 != 1 || hak != 1)
+        fail_msg("expected one \"%s\" (or invalid pointer) line; stderr was:\n%s", dbl, d.err);
+    free(p); /* still live in the parent */
+}
+
+static void test_double_free_small(void **state) {
+    (void)state;
+    expect_double_free(32);
+}
+
+static void test_double_free_large(void **state) {
+    (void)state;
+    expect_double_free(4 * MiB);
+}
+
+/* The detector must not fire on valid use: same ops on good pointers. */
+static void good_ops(void *arg) {
+    (void)arg;
+    void *p = malloc(64);
+    void *q = malloc(3 * MiB);
+    if (malloc_usable_size(p) < 64 || malloc_usable_size(q) < 3 * MiB) _exit(3);
+    p = realloc(p, 100);
+    q = realloc(q, 4 * MiB);
+    if (p == NULL || q == NULL) _exit(4);
+    free(p);
+    free(q);
+    free(NULL);
+}
+
+static void test_valid_use_does_not_abort(void **state) {
+    (void)state;
+    struct death d;
+    run_child(good_ops, NULL, &d);
+    assert_false(d.timedout);
+    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
+        fail_msg("valid operations failed: status 0x%x; stderr: %s", d.status, d.err);
+    assert_int_equal(d.len, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_use_does_not_abort),
+        cmocka_unit_test(test_free_stack),
+        cmocka_unit_test(test_free_global),
+        cmocka_unit_test(test_free_libc_malloc),
+        cmocka_unit_test(test_free_random_address),
+        cmocka_unit_test(test_free_foreign_mapping),
+        cmocka_unit_test(test_free_interior_small),
+        cmocka_unit_test(test_free_misaligned_small),
+        cmocka_unit_test(test_free_interior_large),
+        cmocka_unit_test(test_realloc_stack),
+        cmocka_unit_test(test_realloc_interior_small),
+        cmocka_unit_test(test_realloc_interior_large),
+        cmocka_unit_test(test_usable_size_stack),
+        cmocka_unit_test(test_usable_size_interior_small),
+        cmocka_unit_test(test_usable_size_interior_large),
+        cmocka_unit_test(test_double_free_small),
+        cmocka_unit_test(test_double_free_large),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
