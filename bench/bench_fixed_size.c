@@ -17,58 +17,16 @@
  *   Peak RSS = <integer> KiB
  * With HAKMEM_BENCH_CHECK=1 a checksum of the run goes to stderr; it depends
  * only on the parameters, so it shows that the run is deterministic. */
-#include <errno.h>
-#include <inttypes.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/resource.h>
-#include <time.h>
+#include "bench_util.h"
 
 #define NPERM 16
 
-static uint64_t rng_state;
-
-/* splitmix64: fast, full-period 64-bit generator; plenty for benchmarking. */
-static inline uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Map a 32-bit random value onto [0, n) without division (n <= 2^32). */
-static inline uint64_t bounded(uint32_t r, uint64_t n) {
-    return ((uint64_t)r * n) >> 32;
-}
-
-static int parse_u64(const char *s, const char *what, uint64_t min, uint64_t max, uint64_t *out) {
-    char *end;
-    errno = 0;
-    if (s[0] == '-') goto bad;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || end == s || *end != '\0' || v < min || v > max) goto bad;
-    *out = v;
-    return 0;
-bad:
-    fprintf(stderr, "bench_fixed_size: invalid %s '%s' (want %" PRIu64 "..%" PRIu64 ")\n", what, s,
-            min, max);
-    return -1;
-}
-
-static double now_sec(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Fisher-Yates shuffle of the identity permutation of [0, n). */
-static void make_perm(uint32_t *perm, uint32_t n) {
+static void make_perm(uint64_t *rng_state, uint32_t *perm, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
         perm[i] = i;
     for (uint32_t i = n; i > 1; i--) {
-        uint32_t j = (uint32_t)bounded((uint32_t)rng_next(), i);
+        uint32_t j = (uint32_t)bench_bounded((uint32_t)bench_rng_next(rng_state), i);
         uint32_t t = perm[i - 1];
         perm[i - 1] = perm[j];
         perm[j] = t;
@@ -82,11 +40,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s [iters [size [seed]]]\n", argv[0]);
         return 2;
     }
-    if (argc > 1 && parse_u64(argv[1], "iters", 1, UINT64_MAX, &iters)) return 2;
-    if (argc > 2 && parse_u64(argv[2], "size", 1, SIZE_MAX / 2, &size)) return 2;
-    if (argc > 3 && parse_u64(argv[3], "seed", 0, UINT64_MAX, &seed)) return 2;
+    if (argc > 1 && bench_parse_u64("bench_fixed_size", argv[1], "iters", 1, UINT64_MAX, &iters))
+        return 2;
+    if (argc > 2 && bench_parse_u64("bench_fixed_size", argv[2], "size", 1, SIZE_MAX / 2, &size))
+        return 2;
+    if (argc > 3 && bench_parse_u64("bench_fixed_size", argv[3], "seed", 0, UINT64_MAX, &seed))
+        return 2;
     const char *b = getenv("HAKMEM_BENCH_BATCH");
-    if (b != NULL && b[0] != '\0' && parse_u64(b, "HAKMEM_BENCH_BATCH", 1, 1u << 24, &batch))
+    if (b != NULL && b[0] != '\0' &&
+        bench_parse_u64("bench_fixed_size", b, "HAKMEM_BENCH_BATCH", 1, 1u << 24, &batch))
         return 2;
     if (batch > iters) batch = iters;
 
@@ -103,14 +65,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_fixed_size: out of memory (bookkeeping)\n");
         return 1;
     }
-    rng_state = seed;
+    uint64_t rng_state = seed;
     for (uint32_t i = 0; i < NPERM; i++)
-        make_perm(perms + (size_t)i * nb, nb);
+        make_perm(&rng_state, perms + (size_t)i * nb, nb);
     uint32_t *tail_perm = perms + (size_t)NPERM * nb;
-    make_perm(tail_perm, tail);
+    make_perm(&rng_state, tail_perm, tail);
 
     uint64_t check = 0;
-    double t0 = now_sec();
+    double t0 = bench_now();
     for (uint64_t r = 0; r <= rounds; r++) {
         uint32_t n = r < rounds ? nb : tail;
         const uint32_t *perm = r < rounds ? perms + (size_t)(r % NPERM) * nb : tail_perm;
@@ -135,18 +97,11 @@ int main(int argc, char **argv) {
             free(p);
         }
     }
-    double elapsed = now_sec() - t0;
+    double elapsed = bench_now() - t0;
 
     free(blk);
     free(perms);
 
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    if (elapsed <= 0) elapsed = 1e-9;
-    printf("Throughput = %.0f ops/s\n", (double)iters / elapsed);
-    printf("Peak RSS = %ld KiB\n", ru.ru_maxrss);
-    const char *chk = getenv("HAKMEM_BENCH_CHECK");
-    if (chk != NULL && chk[0] != '\0' && strcmp(chk, "0") != 0)
-        fprintf(stderr, "checksum = %016" PRIx64 "\n", check);
+    bench_report(iters, elapsed, check);
     return 0;
 }

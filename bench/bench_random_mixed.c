@@ -17,58 +17,7 @@
  *   Peak RSS = <integer> KiB
  * With HAKMEM_BENCH_CHECK=1 a checksum of the run goes to stderr; it depends
  * only on the parameters, so it shows that the run is deterministic. */
-#include <errno.h>
-#include <inttypes.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/resource.h>
-#include <time.h>
-
-static uint64_t rng_state;
-
-/* splitmix64: fast, full-period 64-bit generator; plenty for benchmarking. */
-static inline uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Map a 32-bit random value onto [0, n) without division (n <= 2^32). */
-static inline uint64_t bounded(uint32_t r, uint64_t n) {
-    return ((uint64_t)r * n) >> 32;
-}
-
-static int parse_u64(const char *s, const char *what, uint64_t min, uint64_t max, uint64_t *out) {
-    char *end;
-    errno = 0;
-    if (s[0] == '-') goto bad;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || end == s || *end != '\0' || v < min || v > max) goto bad;
-    *out = v;
-    return 0;
-bad:
-    fprintf(stderr, "bench_random_mixed: invalid %s '%s' (want %" PRIu64 "..%" PRIu64 ")\n", what,
-            s, min, max);
-    return -1;
-}
-
-static int env_u64(const char *name, uint64_t def, uint64_t min, uint64_t max, uint64_t *out) {
-    const char *s = getenv(name);
-    if (s == NULL || s[0] == '\0') {
-        *out = def;
-        return 0;
-    }
-    return parse_u64(s, name, min, max, out);
-}
-
-static double now_sec(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "bench_util.h"
 
 int main(int argc, char **argv) {
     uint64_t iters = 1000000, ws = 400, seed = 42, min_size, max_size;
@@ -77,11 +26,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s [iters [ws [seed]]]\n", argv[0]);
         return 2;
     }
-    if (argc > 1 && parse_u64(argv[1], "iters", 1, UINT64_MAX, &iters)) return 2;
-    if (argc > 2 && parse_u64(argv[2], "ws", 1, UINT32_MAX, &ws)) return 2;
-    if (argc > 3 && parse_u64(argv[3], "seed", 0, UINT64_MAX, &seed)) return 2;
-    if (env_u64("HAKMEM_BENCH_MIN_SIZE", 16, 1, UINT32_MAX, &min_size)) return 2;
-    if (env_u64("HAKMEM_BENCH_MAX_SIZE", 1024, 1, UINT32_MAX, &max_size)) return 2;
+    if (argc > 1 && bench_parse_u64("bench_random_mixed", argv[1], "iters", 1, UINT64_MAX, &iters))
+        return 2;
+    if (argc > 2 && bench_parse_u64("bench_random_mixed", argv[2], "ws", 1, UINT32_MAX, &ws))
+        return 2;
+    if (argc > 3 && bench_parse_u64("bench_random_mixed", argv[3], "seed", 0, UINT64_MAX, &seed))
+        return 2;
+    if (bench_env_u64("bench_random_mixed", "HAKMEM_BENCH_MIN_SIZE", 16, 1, UINT32_MAX, &min_size))
+        return 2;
+    if (bench_env_u64("bench_random_mixed", "HAKMEM_BENCH_MAX_SIZE", 1024, 1, UINT32_MAX,
+                      &max_size))
+        return 2;
     if (max_size < min_size) {
         fprintf(stderr, "bench_random_mixed: HAKMEM_BENCH_MAX_SIZE < HAKMEM_BENCH_MIN_SIZE\n");
         return 2;
@@ -101,11 +56,11 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    rng_state = seed;
+    uint64_t rng_state = seed;
     uint64_t check = 0;
     for (uint64_t i = 0; i < ws; i++) {
-        uint64_t r = rng_next();
-        uint32_t n = (uint32_t)(min_size + bounded((uint32_t)r, span));
+        uint64_t r = bench_rng_next(&rng_state);
+        uint32_t n = (uint32_t)(min_size + bench_bounded((uint32_t)r, span));
         unsigned char tag = (unsigned char)(r >> 40);
         unsigned char *p = malloc(n);
         if (p == NULL) {
@@ -119,11 +74,11 @@ int main(int argc, char **argv) {
         tags[i] = tag;
     }
 
-    double t0 = now_sec();
+    double t0 = bench_now();
     for (uint64_t i = 0; i < iters; i++) {
-        uint64_t r = rng_next();
-        uint64_t k = bounded((uint32_t)(r >> 32), ws);
-        uint32_t n = (uint32_t)(min_size + bounded((uint32_t)r, span));
+        uint64_t r = bench_rng_next(&rng_state);
+        uint64_t k = bench_bounded((uint32_t)(r >> 32), ws);
+        uint32_t n = (uint32_t)(min_size + bench_bounded((uint32_t)r, span));
         unsigned char tag = (unsigned char)(r >> 24);
 
         unsigned char *old = slot[k];
@@ -147,7 +102,7 @@ int main(int argc, char **argv) {
         len[k] = n;
         tags[k] = tag;
     }
-    double elapsed = now_sec() - t0;
+    double elapsed = bench_now() - t0;
 
     for (uint64_t i = 0; i < ws; i++) {
         if (slot[i][0] != tags[i] || slot[i][len[i] - 1] != tags[i]) {
@@ -162,13 +117,6 @@ int main(int argc, char **argv) {
     free(len);
     free(tags);
 
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    if (elapsed <= 0) elapsed = 1e-9;
-    printf("Throughput = %.0f ops/s\n", (double)iters / elapsed);
-    printf("Peak RSS = %ld KiB\n", ru.ru_maxrss);
-    const char *chk = getenv("HAKMEM_BENCH_CHECK");
-    if (chk != NULL && chk[0] != '\0' && strcmp(chk, "0") != 0)
-        fprintf(stderr, "checksum = %016" PRIx64 "\n", check);
+    bench_report(iters, elapsed, check);
     return 0;
 }

@@ -1,0 +1,78 @@
+/* Helpers shared by the bench_*.c programs: a seeded PRNG, argument and
+ * environment parsing, timing, and the common report lines. Header-only so
+ * each bench stays one self-contained program. */
+#ifndef BENCH_UTIL_H
+#define BENCH_UTIL_H
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+/* splitmix64: fast, full-period 64-bit generator; plenty for benchmarking. */
+static inline uint64_t bench_rng_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Map a 32-bit random value onto [0, n) without division (n <= 2^32). */
+static inline uint64_t bench_bounded(uint32_t r, uint64_t n) {
+    return ((uint64_t)r * n) >> 32;
+}
+
+/* Parse s as an integer in [min, max]; -1 with a message naming `prog` and
+ * `what` otherwise. */
+static inline int bench_parse_u64(const char *prog, const char *s, const char *what, uint64_t min,
+                                  uint64_t max, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (s[0] != '-') {
+        unsigned long long v = strtoull(s, &end, 0);
+        if (!errno && end != s && *end == '\0' && v >= min && v <= max) {
+            *out = v;
+            return 0;
+        }
+    }
+    fprintf(stderr, "%s: invalid %s '%s' (want %" PRIu64 "..%" PRIu64 ")\n", prog, what, s, min,
+            max);
+    return -1;
+}
+
+/* The environment variable `name` parsed as above, or `def` when unset. */
+static inline int bench_env_u64(const char *prog, const char *name, uint64_t def, uint64_t min,
+                                uint64_t max, uint64_t *out) {
+    const char *s = getenv(name);
+    if (s == NULL || s[0] == '\0') {
+        *out = def;
+        return 0;
+    }
+    return bench_parse_u64(prog, s, name, min, max, out);
+}
+
+static inline double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The lines bench/run.sh reads: throughput of `ops` in `elapsed` seconds and
+ * peak RSS; with HAKMEM_BENCH_CHECK=1 also the run's checksum on stderr (it
+ * depends only on the parameters, so it shows a run is deterministic). */
+static inline void bench_report(uint64_t ops, double elapsed, uint64_t check) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    if (elapsed <= 0) elapsed = 1e-9;
+    printf("Throughput = %.0f ops/s\n", (double)ops / elapsed);
+    printf("Peak RSS = %ld KiB\n", ru.ru_maxrss);
+    const char *chk = getenv("HAKMEM_BENCH_CHECK");
+    if (chk != NULL && chk[0] != '\0' && strcmp(chk, "0") != 0)
+        fprintf(stderr, "checksum = %016" PRIx64 "\n", check);
+}
+
+#endif
