@@ -6,6 +6,7 @@
 
 #include "box/config.h"
 #include "box/diag.h"
+#include "box/lock.h"
 #include "box/os.h"
 #include "box/rmap.h"
 #include "sizes.h"
@@ -64,7 +65,7 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align) {
     struct large_cache *c = &large_cache;
     struct large_hdr *best = NULL;
     uint32_t at = 0;
-    pthread_mutex_lock(&c->lock);
+    hak_lock(&c->lock);
     for (uint32_t i = 0; i < c->n; i++) {
         struct large_hdr *h = c->slot[i];
         if (h->map_size < need || h->map_size - need > need / 4) continue;
@@ -76,7 +77,7 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align) {
         memmove(&c->slot[at], &c->slot[at + 1], (c->n - at - 1) * sizeof c->slot[0]);
         c->n--;
     }
-    pthread_mutex_unlock(&c->lock);
+    hak_unlock(&c->lock);
     return best;
 }
 
@@ -90,7 +91,7 @@ static void large_cache_put(struct large_hdr *h) {
         large_release(h);
         return;
     }
-    pthread_mutex_lock(&c->lock);
+    hak_lock(&c->lock);
     while (c->n == LARGE_CACHE_N || c->bytes + h->map_size > budget) {
         evict[ne++] = c->slot[0];
         c->bytes -= c->slot[0]->map_size;
@@ -99,7 +100,7 @@ static void large_cache_put(struct large_hdr *h) {
     }
     c->slot[c->n++] = h;
     c->bytes += h->map_size;
-    pthread_mutex_unlock(&c->lock);
+    hak_unlock(&c->lock);
     for (uint32_t i = 0; i < ne; i++)
         large_release(evict[i]); /* syscalls outside the lock */
 }
@@ -110,7 +111,9 @@ void *large_alloc(size_t size, size_t align, bool zero) {
         errno = ENOMEM;
         return NULL;
     }
-    size_t need = hak_align_up(off + size, HAK_PAGE_SIZE);
+    /* A zero-size block still needs a byte of its own: without it, a block at
+     * an alignment offset would start one past its mapping. */
+    size_t need = hak_align_up(off + (size ? size : 1), HAK_PAGE_SIZE);
     size_t map_align = large_map_align(align);
 
     struct large_hdr *h = large_cache_take(need, map_align);
@@ -163,35 +166,10 @@ size_t large_usable_size(const void *p, uint32_t entry, const char *fn) {
     return h->map_size - h->offset;
 }
 
-void *large_realloc(void *p, uint32_t entry, size_t n) {
-    struct large_hdr *h = large_header(p, entry, "realloc");
+/* Move block h's pages into a fresh aligned mapping of `need` bytes. */
+static void *large_move(struct large_hdr *h, size_t need) {
     size_t off = h->offset, old = h->map_size;
-    if (n > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    size_t need = hak_align_up(off + n, HAK_PAGE_SIZE);
-    if (need <= old && need >= old / 2) return p; /* fits; not worth trimming */
-
-    if (os_resize(h, old, need)) {
-        if (need > old && !rmap_mark_span(h, need, RMAP_LARGE)) {
-            os_resize(h, need, old); /* cannot register the growth: undo it */
-            errno = ENOMEM;
-            return NULL;
-        }
-        if (need < old) {
-            size_t keep = hak_align_up(need, HAK_REGION_SIZE);
-            if (keep < old) rmap_clear_span((uint8_t *)h + keep, old - keep);
-        }
-        h->map_size = need;
-        large_add(&large_n_inplace, 1);
-        large_add(&large_live_bytes, (int64_t)need - (int64_t)old);
-        return p;
-    }
-
-    /* Move the pages into a fresh aligned reservation registered beforehand. */
-    size_t map_align = large_map_align(off > LARGE_HDR_SIZE ? off : 0);
-    struct large_hdr *dst = os_map_aligned(need, map_align);
+    struct large_hdr *dst = os_map_aligned(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0));
     if (dst == NULL) {
         errno = ENOMEM;
         return NULL;
@@ -201,13 +179,14 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
         errno = ENOMEM;
         return NULL;
     }
+    rmap_clear_span(h, old);
     if (!os_move(h, old, need, dst)) {
+        rmap_mark_span(h, old, RMAP_LARGE);
         rmap_clear_span(dst, need);
         os_unmap(dst, need);
         errno = ENOMEM;
         return NULL;
     }
-    rmap_clear_span(h, old);
     dst->map_size = need;
     dst->user = (uint8_t *)dst + off;
     large_add(&large_n_moved, 1);
@@ -215,15 +194,55 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
     return dst->user;
 }
 
+void *large_realloc(void *p, uint32_t entry, size_t n) {
+    struct large_hdr *h = large_header(p, entry, "realloc");
+    size_t off = h->offset, old = h->map_size;
+    if (n > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t need = hak_align_up(off + n, HAK_PAGE_SIZE);
+    if (need <= old && need >= old / 2) return p; /* fits; not worth trimming */
+    int saved = errno; /* a failed in-place attempt must not show in errno */
+
+    /* Region-map entries of a range are always cleared before the range is
+     * given up, so another thread mapping it next never has its fresh
+     * entries erased. Re-marking after a failure cannot fail: the leaves
+     * exist already. */
+    if (need < old) {
+        size_t keep = hak_align_up(need, HAK_REGION_SIZE);
+        if (keep < old) rmap_clear_span((uint8_t *)h + keep, old - keep);
+        if (!os_resize(h, old, need)) {
+            rmap_mark_span(h, old, RMAP_LARGE);
+            errno = saved;
+            return p; /* keep the bigger mapping */
+        }
+    } else if (os_resize(h, old, need)) {
+        if (!rmap_mark_span(h, need, RMAP_LARGE)) {
+            os_resize(h, need, old); /* cannot register the growth: undo it */
+            errno = ENOMEM;
+            return NULL;
+        }
+    } else {
+        errno = saved; /* the move's own calls leave errno alone unless they fail */
+        return large_move(h, need);
+    }
+    h->map_size = need;
+    large_add(&large_n_inplace, 1);
+    large_add(&large_live_bytes, (int64_t)need - (int64_t)old);
+    errno = saved;
+    return p;
+}
+
 bool large_trim(void) {
     struct large_cache *c = &large_cache;
     struct large_hdr *all[LARGE_CACHE_N];
-    pthread_mutex_lock(&c->lock);
+    hak_lock(&c->lock);
     uint32_t n = c->n;
     memcpy(all, c->slot, n * sizeof all[0]);
     c->n = 0;
     c->bytes = 0;
-    pthread_mutex_unlock(&c->lock);
+    hak_unlock(&c->lock);
     for (uint32_t i = 0; i < n; i++)
         large_release(all[i]);
     return n > 0;
@@ -247,8 +266,8 @@ void large_get_stats(struct large_stats *s) {
     s->remaps_moved = atomic_load(&large_n_moved);
     s->live_blocks = atomic_load(&large_live_blocks);
     s->live_bytes = atomic_load(&large_live_bytes);
-    pthread_mutex_lock(&large_cache.lock);
+    hak_lock(&large_cache.lock);
     s->cached_blocks = large_cache.n;
     s->cached_bytes = large_cache.bytes;
-    pthread_mutex_unlock(&large_cache.lock);
+    hak_unlock(&large_cache.lock);
 }

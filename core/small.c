@@ -2,6 +2,7 @@
  * touch it only to refill or flush their caches, a batch at a time. */
 #include "small.h"
 
+#include "box/lock.h"
 #include "box/os.h"
 #include "front/lifecycle.h"
 
@@ -25,12 +26,15 @@ static inline uint32_t small_batch(uint32_t cls) {
     return small_class_cap[cls] / 2u;
 }
 
-/* This thread's first slow path, or its first after the exit hook ran: arm
- * the hook and open the caches. */
-static void small_thread_start(void) {
-    life_thread_arm();
+/* This thread's first slow path, or its first after init finished: arm the
+ * exit hook and open the caches. False when the hook cannot be armed (init
+ * still running elsewhere, or the thread is past its exit hook): the thread
+ * then works uncached, so nothing it frees can be stranded in its cache. */
+static bool small_thread_start(void) {
+    if (!life_thread_arm()) return false;
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         small_tc.cap[cls] = small_class_cap[cls];
+    return true;
 }
 
 /* Link n blocks of `size` starting at p into a list; returns its last block. */
@@ -55,43 +59,62 @@ static bool small_new_region(struct small_class *c, uint32_t cls) {
     return true;
 }
 
-void *small_alloc_slow(uint32_t cls) {
-    if (small_tc.cap[cls] == 0) small_thread_start();
+/* Up to `want` blocks of cls from the shared list, else freshly carved, as
+ * a chain first..*last; how many (0: out of memory). */
+static uint32_t small_take_shared(uint32_t cls, uint32_t want, void **first, void **last) {
     struct small_class *c = &small_classes[cls];
     const uint32_t size = small_class_size[cls];
-    const uint32_t want = small_batch(cls);
-    void *first = NULL, *last = NULL;
-    uint32_t got = 0;
-
-    pthread_mutex_lock(&c->lock);
+    uint32_t got;
+    hak_lock(&c->lock);
     c->refills++;
     if (c->free) {
         /* Reuse flushed blocks before carving new ones. */
-        first = last = c->free;
-        for (got = 1; got < want && *(void **)last; got++)
-            last = *(void **)last;
-        c->free = *(void **)last;
-        *(void **)last = NULL;
-        pthread_mutex_unlock(&c->lock);
-    } else {
-        if ((size_t)(c->end - c->bump) < size && !small_new_region(c, cls)) {
-            pthread_mutex_unlock(&c->lock);
-            errno = ENOMEM;
-            return NULL;
-        }
-        size_t room = (size_t)(c->end - c->bump) / size;
-        got = room < want ? (uint32_t)room : want;
-        first = c->bump;
-        c->bump += (size_t)got * size;
-        c->carved_bytes += (size_t)got * size;
-        pthread_mutex_unlock(&c->lock);
-        last = small_link(first, got, size); /* private now: link outside the lock */
+        void *b = *first = c->free;
+        for (got = 1; got < want && *(void **)b; got++)
+            b = *(void **)b;
+        c->free = *(void **)b;
+        hak_unlock(&c->lock);
+        *last = b;
+        return got;
     }
+    if ((size_t)(c->end - c->bump) < size && !small_new_region(c, cls)) {
+        hak_unlock(&c->lock);
+        return 0;
+    }
+    size_t room = (size_t)(c->end - c->bump) / size;
+    got = room < want ? (uint32_t)room : want;
+    *first = c->bump;
+    c->bump += (size_t)got * size;
+    c->carved_bytes += (size_t)got * size;
+    hak_unlock(&c->lock);
+    *last = small_link(*first, got, size); /* private now: link outside the lock */
+    return got;
+}
 
+/* Put the chain first..last on the shared list of cls. */
+static void small_put_shared(uint32_t cls, void *first, void *last) {
+    struct small_class *c = &small_classes[cls];
+    hak_lock(&c->lock);
+    *(void **)last = c->free;
+    c->free = first;
+    c->flushes++;
+    hak_unlock(&c->lock);
+}
+
+void *small_alloc_slow(uint32_t cls) {
+    bool cached = small_tc.cap[cls] != 0 || small_thread_start();
+    void *first, *last;
+    uint32_t got = small_take_shared(cls, cached ? small_batch(cls) : 1, &first, &last);
+    if (got == 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
     /* Hand out the first block; the rest become this thread's cache. */
-    *(void **)last = small_tc.head[cls];
-    small_tc.head[cls] = *(void **)first;
-    small_tc.count[cls] += (uint16_t)(got - 1);
+    if (got > 1) {
+        *(void **)last = small_tc.head[cls];
+        small_tc.head[cls] = *(void **)first;
+        small_tc.count[cls] += (uint16_t)(got - 1);
+    }
     return first;
 }
 
@@ -103,32 +126,29 @@ static void small_give_back(uint32_t cls, uint32_t n) {
         last = *(void **)last;
     small_tc.head[cls] = *(void **)last;
     small_tc.count[cls] -= (uint16_t)n;
-
-    struct small_class *c = &small_classes[cls];
-    pthread_mutex_lock(&c->lock);
-    *(void **)last = c->free;
-    c->free = first;
-    c->flushes++;
-    pthread_mutex_unlock(&c->lock);
+    small_put_shared(cls, first, last);
 }
 
 void small_free_slow(void *p, uint32_t cls) {
-    if (small_tc.cap[cls] == 0) small_thread_start();
+    if (small_tc.cap[cls] == 0 && !small_thread_start()) {
+        small_put_shared(cls, p, p); /* uncached thread */
+        return;
+    }
     *(void **)p = small_tc.head[cls];
     small_tc.head[cls] = p;
     small_tc.count[cls]++;
     if (small_tc.count[cls] > small_tc.cap[cls]) small_give_back(cls, small_batch(cls));
 }
 
+void small_thread_flush(void) {
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        if (small_tc.count[cls]) small_give_back(cls, small_tc.count[cls]);
+}
+
 void small_thread_exit(void) {
     small_thread_flush();
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         small_tc.cap[cls] = 0;
-}
-
-void small_thread_flush(void) {
-    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        if (small_tc.count[cls]) small_give_back(cls, small_tc.count[cls]);
 }
 
 void small_fork_prepare(void) {
@@ -151,11 +171,11 @@ void small_get_stats(struct small_stats *s) {
     *s = (struct small_stats){0};
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         struct small_class *c = &small_classes[cls];
-        pthread_mutex_lock(&c->lock);
+        hak_lock(&c->lock);
         s->regions += c->regions;
         s->carved_bytes += c->carved_bytes;
         s->refills += c->refills;
         s->flushes += c->flushes;
-        pthread_mutex_unlock(&c->lock);
+        hak_unlock(&c->lock);
     }
 }

@@ -40,8 +40,9 @@ static inline void *small_alloc(uint32_t cls) {
 
 /* True when p is the start of a block of class cls in its region. */
 static inline bool small_is_block(const void *p, uint32_t cls) {
-    size_t off = (uintptr_t)p - rmap_region_base(p);
-    return small_class_div(cls, off) * small_class_size[cls] == off;
+    size_t off = (uintptr_t)p - rmap_region_base(p), size = small_class_size[cls];
+    /* At a multiple of the size, and a whole block before the region's end. */
+    return small_class_div(cls, off) * size == off && off <= HAK_REGION_SIZE - size;
 }
 
 /* Free p, whose region entry says class cls. `fn` names the API call for the

@@ -338,11 +338,50 @@ static void test_nested_fork(void **state) {
     free_inherited();
 }
 
+/* Fork handlers that allocate, registered before hakmem's (a priority-101
+ * constructor runs before the library's): glibc runs them after hakmem's
+ * prepare handler has taken every allocator lock. */
+enum { EARLY_BLOCKS = 100 };
+static void *g_early[EARLY_BLOCKS];
+static atomic_int g_early_runs;
+static void early_prepare(void) {
+    for (int i = 0; i < EARLY_BLOCKS; i++)
+        g_early[i] = malloc((size_t)(16 + i * 40));
+}
+static void early_release(void) {
+    for (int i = 0; i < EARLY_BLOCKS; i++)
+        free(g_early[i]);
+    atomic_fetch_add(&g_early_runs, 1);
+}
+__attribute__((constructor(101))) static void early_register(void) {
+    pthread_atfork(early_prepare, early_release, early_release);
+}
+
+static void test_fork_with_allocating_handlers(void **state) {
+    (void)state;
+    alarm(30); /* a deadlock inside fork() kills the test instead of hanging it */
+    int before = atomic_load(&g_early_runs);
+    for (int i = 0; i < 20; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            void *p = malloc(100);
+            free(p);
+            _exit(atomic_load(&g_early_runs) == before + i + 1 ? CHILD_OK : 9);
+        }
+        assert_true(pid > 0);
+        const char *why = child_result(pid, CHILD_TIMEOUT_MS);
+        if (why[0]) fail_msg("fork %d: %s", i, why);
+    }
+    alarm(0);
+    assert_int_equal(atomic_load(&g_early_runs), before + 20);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fork_while_threads_allocate),
         cmocka_unit_test(test_fork_from_other_thread),
         cmocka_unit_test(test_nested_fork),
+        cmocka_unit_test(test_fork_with_allocating_handlers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include "box/os.h"
 #include "large.h"
 
+#include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,45 @@ static void test_trim_releases_cache_and_mallinfo_counts(void **state) {
     assert_int_equal(malloc_trim(0), 0); /* nothing left to give back */
 }
 
+static void test_zero_size_big_alignment_owns_its_byte(void **state) {
+    (void)state;
+    /* A zero-size block at an alignment offset once started one past its
+     * mapping, where the next mapping then began: two owners of one byte. */
+    size_t aligns[] = {2 * MiB, 4 * MiB};
+    for (size_t i = 0; i < 2; i++) {
+        char *p = aligned_alloc(aligns[i], 0);
+        void *q = NULL;
+        assert_int_equal(posix_memalign(&q, aligns[i], 0), 0);
+        char *r = malloc(200000);
+        assert_non_null(p);
+        assert_int_equal((uintptr_t)p % aligns[i], 0);
+        assert_ptr_not_equal(p, r);
+        assert_ptr_not_equal(q, r);
+        assert_ptr_not_equal(p, q);
+        assert_true(malloc_usable_size(p) >= 1);
+        p[0] = 1;
+        free(p);
+        free(q);
+        free(r);
+    }
+}
+
+static void test_successful_realloc_leaves_errno(void **state) {
+    (void)state;
+    void *blocker[64];
+    char *p = malloc(2 * MiB);
+    /* Make an in-place grow likely to fail: map right behind the block. */
+    for (int i = 0; i < 64; i++)
+        blocker[i] = malloc(3 * MiB);
+    errno = 0;
+    p = realloc(p, 40 * MiB);
+    assert_non_null(p);
+    assert_int_equal(errno, 0);
+    free(p);
+    for (int i = 0; i < 64; i++)
+        free(blocker[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -136,6 +176,8 @@ int main(void) {
         cmocka_unit_test_setup(test_realloc_moves_pages_not_bytes, reset),
         cmocka_unit_test_setup(test_aligned_large_blocks, reset),
         cmocka_unit_test_setup(test_trim_releases_cache_and_mallinfo_counts, reset),
+        cmocka_unit_test_setup(test_zero_size_big_alignment_owns_its_byte, reset),
+        cmocka_unit_test_setup(test_successful_realloc_leaves_errno, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

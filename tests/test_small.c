@@ -136,9 +136,23 @@ static void test_trim_empties_this_threads_cache(void **state) {
         assert_int_equal(small_tc.count[c], 0);
 }
 
+static void test_block_past_region_end_rejected(void **state) {
+    (void)state;
+    /* In the 640 KiB class a region holds 3 whole blocks; the 4th "block
+     * start" would run past the region's end. */
+    uint8_t *p = malloc(600000);
+    uint32_t cls = small_class_of(600000);
+    assert_int_equal(small_class_size[cls], 655360);
+    uint8_t *base = (uint8_t *)rmap_region_base(p);
+    assert_true(small_is_block(base + 2 * 655360, cls));
+    assert_false(small_is_block(base + 3 * 655360, cls));
+    free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_boundaries),
+        cmocka_unit_test(test_block_past_region_end_rejected),
         cmocka_unit_test(test_cache_capped_and_spills),
         cmocka_unit_test(test_thread_exit_returns_cache),
         cmocka_unit_test(test_free_only_thread_returns_cache_at_exit),

@@ -2,6 +2,7 @@
  * the one that allocated them) and threads come and go while holding cached
  * memory. Worker threads never call cmocka (not thread-safe); they record
  * failures and the main thread asserts on them. */
+#include <malloc.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -359,10 +360,33 @@ static void test_remote_free_to_main(void **state) {
     assert_no_errors();
 }
 
+/* glibc frees a thread's strerror buffer after the pthread key destructors
+ * ran; that block must not be stranded in the dead thread's cache. */
+static void *strerror_and_exit(void *arg) {
+    const char *volatile s = strerror(100000 + (int)(intptr_t)arg);
+    (void)s;
+    return NULL;
+}
+
+static void test_frees_after_thread_exit_hook_not_leaked(void **state) {
+    (void)state;
+    enum { THREADS = 20000 };
+    size_t before = mallinfo2().uordblks;
+    for (intptr_t i = 0; i < THREADS; i++) {
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, strerror_and_exit, (void *)i), 0);
+        assert_int_equal(pthread_join(t, NULL), 0);
+    }
+    size_t grown = mallinfo2().uordblks - before;
+    /* Leaking one 32-byte buffer per thread would be 640 KB. */
+    if (grown > 128 * 1024) fail_msg("heap grew %zu bytes over %d threads", grown, THREADS);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cross_thread_handoff),
         cmocka_unit_test(test_thread_churn),
+        cmocka_unit_test(test_frees_after_thread_exit_hook_not_leaked),
         cmocka_unit_test(test_remote_free_to_main),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

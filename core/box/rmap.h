@@ -46,7 +46,8 @@ static inline uint32_t rmap_get(const void *p) {
      * leaf it sits in is visible. */
     uint32_t *leaf = atomic_load_explicit(&rmap_root[hi], memory_order_acquire);
     if (hak_unlikely(leaf == NULL)) return 0;
-    return leaf[r & (RMAP_LEAF_N - 1)];
+    return atomic_load_explicit((_Atomic uint32_t *)&leaf[r & (RMAP_LEAF_N - 1)],
+                                memory_order_relaxed);
 }
 
 /* Start of the region holding p. */

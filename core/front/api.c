@@ -121,11 +121,12 @@ static void *front_aligned_alloc(size_t align, size_t n) {
 }
 
 static void *front_memalign(size_t align, size_t n) {
-    if (!hak_is_pow2(align)) { /* glibc rounds up to a power of two */
-        if (align > ((size_t)1 << 62)) {
+    if (!hak_is_pow2(align)) {           /* glibc rounds up to a power of two */
+        if (align > ((size_t)1 << 63)) { /* glibc: above SIZE_MAX / 2 + 1 */
             errno = EINVAL;
             return NULL;
         }
+        /* 0 means no alignment; otherwise <= 2^63, which then fails as ENOMEM */
         align = align ? (size_t)1 << (64 - __builtin_clzl(align)) : 1;
     }
     return front_aligned(align, n);

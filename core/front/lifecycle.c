@@ -1,6 +1,7 @@
 #include "front/lifecycle.h"
 
 #include "box/config.h"
+#include "box/lock.h"
 #include "box/stats.h"
 #include "large.h"
 #include "small.h"
@@ -12,33 +13,44 @@
 enum { LIFE_NEW, LIFE_STARTING, LIFE_READY };
 static _Atomic int life_state = LIFE_NEW;
 static pthread_key_t life_key;
+static bool life_key_ok;
 
 static __thread bool life_armed;
 static __thread bool life_arming; /* pthread_setspecific may itself allocate */
+/* Past the exit hook: glibc may still free (its own thread-exit clean-up runs
+ * after key destructors) or allocate in later destructors, and nothing would
+ * return what such a thread caches. */
+static __thread bool life_exited;
+
+__thread bool hak_in_fork;
 
 /* Runs at thread exit (pthread key destructor). A thread that allocates again
  * afterwards (another destructor) re-arms, and glibc calls us once more. */
 static void life_thread_exit(void *unused) {
     (void)unused;
     life_armed = false;
+    life_exited = true;
     small_thread_exit();
 }
 
 /* Fork: take every allocator lock so the child never inherits one held by a
- * thread that does not exist there. Registered first, so glibc runs our
- * prepare last and our child handler first: other libraries' handlers may
- * still allocate around fork. */
+ * thread that does not exist there. Handlers registered before ours run
+ * between our prepare and our parent/child handler and may allocate: the
+ * forking thread marks itself so its lock sites skip the locks it holds. */
 static void life_fork_prepare(void) {
     small_fork_prepare();
     large_fork_prepare();
+    hak_in_fork = true;
 }
 
 static void life_fork_parent(void) {
+    hak_in_fork = false;
     large_fork_parent();
     small_fork_parent();
 }
 
 static void life_fork_child(void) {
+    hak_in_fork = false;
     large_fork_child();
     small_fork_child();
 }
@@ -48,21 +60,23 @@ void hak_init(void) {
     if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_NEW) return;
     if (!atomic_compare_exchange_strong(&life_state, &s, LIFE_STARTING)) return;
     config_load();
-    pthread_key_create(&life_key, life_thread_exit);
+    life_key_ok = pthread_key_create(&life_key, life_thread_exit) == 0;
     pthread_atfork(life_fork_prepare, life_fork_parent, life_fork_child);
     atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
 }
 
-void life_thread_arm(void) {
-    if (hak_likely(life_armed) || life_arming) return;
+bool life_thread_arm(void) {
+    if (hak_likely(life_armed)) return true;
+    if (life_exited || life_arming) return false;
     if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_READY) {
         hak_init();
-        if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_READY) return;
+        if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_READY) return false;
     }
+    if (!life_key_ok) return false;
     life_arming = true;
-    pthread_setspecific(life_key, &life_armed); /* any non-NULL value */
-    life_armed = true;
+    life_armed = pthread_setspecific(life_key, &life_armed) == 0; /* any non-NULL value */
     life_arming = false;
+    return life_armed;
 }
 
 __attribute__((constructor)) static void life_start(void) {
