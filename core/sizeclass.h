@@ -13,7 +13,7 @@ extern const uint64_t small_class_magic[SMALL_NCLASSES];
 extern const uint8_t small_class_lut[65];
 
 /* Class for a request of n bytes, n <= HAK_SMALL_MAX. */
-static inline uint32_t small_class_of(size_t n) {
+HAK_INLINE uint32_t small_class_of(size_t n) {
     if (hak_likely(n <= 1024)) return small_class_lut[(n + 15) >> 4];
     /* 2^lg < n <= 2^(lg+1); the two bits below the top pick one of four. */
     size_t m = n - 1;
@@ -22,7 +22,7 @@ static inline uint32_t small_class_of(size_t n) {
 }
 
 /* offset / size for offset < 2^21, exactly. */
-static inline size_t small_class_div(uint32_t cls, size_t offset) {
+HAK_INLINE size_t small_class_div(uint32_t cls, size_t offset) {
     return (size_t)(((uint64_t)offset * small_class_magic[cls]) >> 42); /* < 2^60 */
 }
 

@@ -25,6 +25,9 @@
 /* Largest request that can ever succeed, as glibc: PTRDIFF_MAX. */
 #define HAK_MAX_REQUEST ((size_t)PTRDIFF_MAX)
 
+/* Hot-path helpers: inlined whatever the compiler's size heuristics say. */
+#define HAK_INLINE static inline __attribute__((always_inline))
+
 #define hak_likely(x)   __builtin_expect(!!(x), 1)
 #define hak_unlikely(x) __builtin_expect(!!(x), 0)
 

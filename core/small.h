@@ -28,7 +28,7 @@ void *small_alloc_slow(uint32_t cls);
 void small_free_slow(void *p, uint32_t cls);
 
 /* Allocate a block of class cls; NULL (errno ENOMEM) when out of memory. */
-static inline void *small_alloc(uint32_t cls) {
+HAK_INLINE void *small_alloc(uint32_t cls) {
     void *p = small_tc.head[cls];
     if (hak_likely(p != NULL)) {
         small_tc.head[cls] = *(void **)p;
@@ -39,7 +39,7 @@ static inline void *small_alloc(uint32_t cls) {
 }
 
 /* True when p is the start of a block of class cls in its region. */
-static inline bool small_is_block(const void *p, uint32_t cls) {
+HAK_INLINE bool small_is_block(const void *p, uint32_t cls) {
     size_t off = (uintptr_t)p - rmap_region_base(p), size = small_class_size[cls];
     /* At a multiple of the size, and a whole block before the region's end. */
     return small_class_div(cls, off) * size == off && off <= HAK_REGION_SIZE - size;
@@ -47,7 +47,7 @@ static inline bool small_is_block(const void *p, uint32_t cls) {
 
 /* Free p, whose region entry says class cls. `fn` names the API call for the
  * error message. */
-static inline void small_free(void *p, uint32_t cls, const char *fn) {
+HAK_INLINE void small_free(void *p, uint32_t cls, const char *fn) {
     if (hak_unlikely(!small_is_block(p, cls))) diag_bad_pointer(fn, "invalid pointer", p);
     void *head = small_tc.head[cls];
     /* The cheapest double-free check: the block freed last in this class. */

@@ -38,7 +38,7 @@ static inline uint32_t rmap_payload(uint32_t e) {
 
 /* The entry for the region holding p; 0 (RMAP_NONE) for any address hakmem
  * does not own, including NULL and non-canonical or kernel addresses. */
-static inline uint32_t rmap_get(const void *p) {
+HAK_INLINE uint32_t rmap_get(const void *p) {
     uintptr_t r = (uintptr_t)p >> HAK_REGION_SHIFT;
     uintptr_t hi = r >> RMAP_LEAF_BITS;
     if (hak_unlikely(hi >= RMAP_ROOT_N)) return 0;

@@ -9,14 +9,14 @@
 #include "large.h"
 #include "small.h"
 
-static inline void *front_malloc(size_t n) {
+HAK_INLINE void *front_malloc(size_t n) {
     if (hak_likely(n <= HAK_SMALL_MAX)) return small_alloc(small_class_of(n));
     return large_alloc(n, HAK_MIN_ALIGN, false);
 }
 
 /* Free p; `fn` names the API call in error messages. NULL is a no-op, and
  * anything hakmem did not hand out aborts with a message naming it. */
-static inline void front_free(void *p, const char *fn) {
+HAK_INLINE void front_free(void *p, const char *fn) {
     uint32_t e = rmap_get(p);
     if (hak_likely(rmap_kind_of(e) == RMAP_SMALL)) {
         small_free(p, rmap_payload(e), fn);
