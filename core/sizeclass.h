@@ -6,6 +6,8 @@
 #include "sizes.h"
 
 #define SMALL_NCLASSES 60
+/* Classes 0 .. TINY_NCLASSES-1 are the sizes up to 1024 B (the Tiny tier). */
+#define TINY_NCLASSES 20
 
 extern const uint32_t small_class_size[SMALL_NCLASSES];
 extern const uint16_t small_class_cap[SMALL_NCLASSES];

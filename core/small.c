@@ -4,7 +4,6 @@
 
 #include "box/lock.h"
 #include "box/os.h"
-#include "front/lifecycle.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -19,23 +18,6 @@ struct small_class {
 static struct small_class small_classes[SMALL_NCLASSES] = {
     [0 ... SMALL_NCLASSES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER},
 };
-
-__thread struct small_tcache small_tc;
-
-static inline uint32_t small_batch(uint32_t cls) {
-    return small_class_cap[cls] / 2u;
-}
-
-/* This thread's first slow path, or its first after init finished: arm the
- * exit hook and open the caches. False when the hook cannot be armed (init
- * still running elsewhere, or the thread is past its exit hook): the thread
- * then works uncached, so nothing it frees can be stranded in its cache. */
-static bool small_thread_start(void) {
-    if (!life_thread_arm()) return false;
-    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        small_tc.cap[cls] = small_class_cap[cls];
-    return true;
-}
 
 /* Link n blocks of `size` starting at p into a list; returns its last block. */
 static void *small_link(uint8_t *p, uint32_t n, uint32_t size) {
@@ -101,54 +83,47 @@ static void small_put_shared(uint32_t cls, void *first, void *last) {
     hak_unlock(&c->lock);
 }
 
-void *small_alloc_slow(uint32_t cls) {
-    bool cached = small_tc.cap[cls] != 0 || small_thread_start();
+void *small_alloc_uncached(uint32_t cls) {
     void *first, *last;
-    uint32_t got = small_take_shared(cls, cached ? small_batch(cls) : 1, &first, &last);
+    if (small_take_shared(cls, 1, &first, &last) == 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return first;
+}
+
+void *small_alloc_slow(uint32_t cls) {
+    if (hak_tc.cap[cls] == 0 && !tc_thread_start()) return small_alloc_uncached(cls);
+    void *first, *last;
+    uint32_t got = small_take_shared(cls, tc_batch(cls), &first, &last);
     if (got == 0) {
         errno = ENOMEM;
         return NULL;
     }
     /* Hand out the first block; the rest become this thread's cache. */
-    if (got > 1) {
-        *(void **)last = small_tc.head[cls];
-        small_tc.head[cls] = *(void **)first;
-        small_tc.count[cls] += (uint16_t)(got - 1);
-    }
+    if (got > 1) tc_push_chain(cls, *(void **)first, last, got - 1);
     return first;
 }
 
 /* Move the first n blocks of this thread's list for cls to the shared list. */
 static void small_give_back(uint32_t cls, uint32_t n) {
-    void *first = small_tc.head[cls];
-    void *last = first;
-    for (uint32_t i = 1; i < n; i++)
-        last = *(void **)last;
-    small_tc.head[cls] = *(void **)last;
-    small_tc.count[cls] -= (uint16_t)n;
+    void *last;
+    void *first = tc_take(cls, n, &last);
     small_put_shared(cls, first, last);
 }
 
 void small_free_slow(void *p, uint32_t cls) {
-    if (small_tc.cap[cls] == 0 && !small_thread_start()) {
-        small_put_shared(cls, p, p); /* uncached thread */
+    if (cls < TINY_NCLASSES || (hak_tc.cap[cls] == 0 && !tc_thread_start())) {
+        small_put_shared(cls, p, p); /* uncached */
         return;
     }
-    *(void **)p = small_tc.head[cls];
-    small_tc.head[cls] = p;
-    small_tc.count[cls]++;
-    if (small_tc.count[cls] > small_tc.cap[cls]) small_give_back(cls, small_batch(cls));
+    tc_push(cls, p);
+    if (hak_tc.count[cls] > hak_tc.cap[cls]) small_give_back(cls, tc_batch(cls));
 }
 
 void small_thread_flush(void) {
-    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        if (small_tc.count[cls]) small_give_back(cls, small_tc.count[cls]);
-}
-
-void small_thread_exit(void) {
-    small_thread_flush();
-    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        small_tc.cap[cls] = 0;
+    for (uint32_t cls = TINY_NCLASSES; cls < SMALL_NCLASSES; cls++)
+        if (hak_tc.count[cls]) small_give_back(cls, hak_tc.count[cls]);
 }
 
 void small_fork_prepare(void) {

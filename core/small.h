@@ -1,41 +1,29 @@
-/* Small tier, 0 .. HAK_SMALL_MAX bytes: size-classed blocks carved from 2 MiB
- * regions (one class per region, recorded in the region map), with a
- * per-thread cache per class in front of a locked per-class free list.
+/* Small tier, 1 KiB .. HAK_SMALL_MAX: size-classed blocks carved from 2 MiB
+ * regions (one class per region, recorded in the region map), served through
+ * the thread cache (core/tcache.h) in front of a locked per-class free list.
  *
- * This is the foundation's simple, correct path; the Tiny and Pool tiers
- * replace it for their size ranges. */
+ * It also serves, uncached, Tiny-class requests of a thread that may not
+ * cache (see tc_thread_start). This is the foundation's simple path; the
+ * Pool and L2.5 tiers replace it. */
 #ifndef HAK_SMALL_H
 #define HAK_SMALL_H
 
 #include "box/diag.h"
 #include "box/rmap.h"
-#include "sizeclass.h"
+#include "tcache.h"
 
 #include <stdbool.h>
 
-struct small_tcache {
-    void *head[SMALL_NCLASSES];     /* free blocks, linked through word 0 */
-    uint16_t count[SMALL_NCLASSES]; /* length of each list */
-    /* Capacity per class: 0 until this thread's first slow path (and again
-     * after its exit hook ran), so a thread's first free of a class also
-     * takes the slow path, which arms the exit hook. */
-    uint16_t cap[SMALL_NCLASSES];
-};
-
-extern __thread struct small_tcache small_tc;
-
 void *small_alloc_slow(uint32_t cls);
 void small_free_slow(void *p, uint32_t cls);
+/* One block of any class straight from the shared list, bypassing caches. */
+void *small_alloc_uncached(uint32_t cls);
 
-/* Allocate a block of class cls; NULL (errno ENOMEM) when out of memory. */
+/* Allocate a block of class cls (>= TINY_NCLASSES); NULL (errno ENOMEM) when
+ * out of memory. */
 HAK_INLINE void *small_alloc(uint32_t cls) {
-    void *p = small_tc.head[cls];
-    if (hak_likely(p != NULL)) {
-        small_tc.head[cls] = *(void **)p;
-        small_tc.count[cls]--;
-        return p;
-    }
-    return small_alloc_slow(cls);
+    void *p = tc_pop(cls);
+    return hak_likely(p != NULL) ? p : small_alloc_slow(cls);
 }
 
 /* True when p is the start of a block of class cls in its region. */
@@ -49,23 +37,19 @@ HAK_INLINE bool small_is_block(const void *p, uint32_t cls) {
  * error message. */
 HAK_INLINE void small_free(void *p, uint32_t cls, const char *fn) {
     if (hak_unlikely(!small_is_block(p, cls))) diag_bad_pointer(fn, "invalid pointer", p);
-    void *head = small_tc.head[cls];
     /* The cheapest double-free check: the block freed last in this class. */
-    if (hak_unlikely(head == p)) diag_bad_pointer(fn, "double free", p);
-    if (hak_unlikely(small_tc.count[cls] >= small_tc.cap[cls])) {
+    if (hak_unlikely(hak_tc.head[cls] == p)) diag_bad_pointer(fn, "double free", p);
+    /* Tiny-class blocks of this tier must not mix with Tiny's cached ones:
+     * a cap of 0 sends them (and uncached threads' frees) to the slow path. */
+    if (hak_unlikely(cls < TINY_NCLASSES || hak_tc.count[cls] >= hak_tc.cap[cls])) {
         small_free_slow(p, cls);
         return;
     }
-    *(void **)p = head;
-    small_tc.head[cls] = p;
-    small_tc.count[cls]++;
+    tc_push(cls, p);
 }
 
 /* Return every block this thread caches to the shared lists. */
 void small_thread_flush(void);
-/* Thread exit: flush, and close the caches so anything freed later goes
- * through the slow path (which re-arms the exit hook). */
-void small_thread_exit(void);
 
 /* Fork: hold every lock across fork() so the child sees consistent state. */
 void small_fork_prepare(void);

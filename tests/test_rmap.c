@@ -98,9 +98,11 @@ static void test_concurrent_leaf_creation(void **state) {
 
 static void test_real_blocks_have_their_tier(void **state) {
     (void)state;
-    void *small = malloc(100), *large = malloc(3 << 20);
+    void *tiny = malloc(100), *small = malloc(5000), *large = malloc(3 << 20);
+    assert_int_equal(rmap_kind_of(rmap_get(tiny)), RMAP_TINY);
     assert_int_equal(rmap_kind_of(rmap_get(small)), RMAP_SMALL);
     assert_int_equal(rmap_kind_of(rmap_get(large)), RMAP_LARGE);
+    free(tiny);
     free(small);
     free(large);
 }

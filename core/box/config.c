@@ -8,6 +8,7 @@
 struct hak_config hak_cfg = {
     .stats = false,
     .bigcache_bytes = (size_t)64 << 20,
+    .ss_cache = 8,
 };
 
 /* Parse a decimal integer in [lo, hi]; false (with a warning naming the
@@ -43,4 +44,5 @@ void config_load(void) {
     uint64_t v;
     if (config_int("HAKMEM_STATS", 0, 1, &v)) hak_cfg.stats = v != 0;
     if (config_int("HAKMEM_BIGCACHE_MB", 0, 65536, &v)) hak_cfg.bigcache_bytes = (size_t)v << 20;
+    if (config_int("HAKMEM_SS_CACHE", 0, 1024, &v)) hak_cfg.ss_cache = v;
 }

@@ -5,10 +5,12 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct hak_config {
     bool stats;            /* HAKMEM_STATS: print a summary at exit */
     size_t bigcache_bytes; /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
+    uint64_t ss_cache;     /* HAKMEM_SS_CACHE: empty SuperSlabs kept, decommitted */
 };
 
 /* Defaults until config_load runs; then what the environment says. */

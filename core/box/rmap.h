@@ -2,7 +2,8 @@
  *
  * The 47-bit user address space is cut into 2 MiB regions. Each region has a
  * 32-bit entry: the owning kind in the low 8 bits and a kind-specific payload
- * in the high 24 (the size class for small regions; for a mapping that spans
+ * in the high 24 (the size class for small regions, unused for Tiny
+ * SuperSlabs; for a mapping that spans
  * several regions, how many regions back its first one is). A two-level
  * radix table with a static root: lookups are two dependent loads, leaves are
  * mapped on first use, and an address hakmem never mapped reads as RMAP_NONE
@@ -16,7 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum rmap_kind { RMAP_NONE = 0, RMAP_SMALL = 1, RMAP_LARGE = 2 };
+enum rmap_kind { RMAP_NONE = 0, RMAP_SMALL = 1, RMAP_LARGE = 2, RMAP_TINY = 3 };
 
 #define RMAP_VA_BITS   47
 #define RMAP_LEAF_BITS 16

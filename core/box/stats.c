@@ -4,6 +4,8 @@
 #include "box/os.h"
 #include "large.h"
 #include "small.h"
+#include "superslab/ss.h"
+#include "tiny.h"
 
 #include <string.h>
 
@@ -18,14 +20,52 @@ static void stats_line(int fd, const char *name, uint64_t v) {
     diag_flush(&b, fd);
 }
 
+/* One row per Tiny class that saw any traffic. */
+static void stats_tiny(int fd) {
+    struct tiny_class_stats st[TINY_NCLASSES];
+    tiny_get_stats(st);
+    struct diag_buf b = {.n = 0};
+    diag_str(&b, "hakmem:   tiny class   size        allocs         frees   refills   flushes"
+                 "  remote_frees  adopted\n");
+    diag_flush(&b, fd);
+    for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
+        const struct tiny_class_stats *t = &st[c];
+        if ((t->allocs | t->frees | t->refills | t->remote_frees) == 0) continue;
+        diag_str(&b, "hakmem:   ");
+        diag_u64w(&b, c, 10);
+        diag_u64w(&b, small_class_size[c], 7);
+        diag_u64w(&b, t->allocs, 14);
+        diag_u64w(&b, t->frees, 14);
+        diag_u64w(&b, t->refills, 10);
+        diag_u64w(&b, t->flushes, 10);
+        diag_u64w(&b, t->remote_frees, 14);
+        diag_u64w(&b, t->adopted, 9);
+        diag_str(&b, "\n");
+        diag_flush(&b, fd);
+    }
+}
+
 void stats_print(int fd) {
     struct small_stats s;
     struct large_stats l;
+    struct ss_stats t;
     small_get_stats(&s);
     large_get_stats(&l);
+    ss_get_stats(&t);
     struct diag_buf b = {.n = 0};
-    diag_str(&b, "hakmem: stats\n");
+    diag_str(&b, "hakmem: stats (per-class allocs/frees are counted only with HAKMEM_STATS=1)\n");
     diag_flush(&b, fd);
+    stats_tiny(fd);
+    stats_line(fd, "slot.stage1_empty_same", t.stage1);
+    stats_line(fd, "slot.stage2_unused", t.stage2);
+    stats_line(fd, "slot.stage2_empty_other", t.stage2_reclass);
+    stats_line(fd, "slot.stage3_cached_ss", t.stage3_cache);
+    stats_line(fd, "slot.stage3_new_ss", t.stage3_os);
+    stats_line(fd, "slot.releases", t.releases);
+    stats_line(fd, "ss.live", t.live);
+    stats_line(fd, "ss.cached", t.cached);
+    stats_line(fd, "ss.retired", t.retired);
+    stats_line(fd, "ss.unmapped", t.unmapped);
     stats_line(fd, "small.regions", s.regions);
     stats_line(fd, "small.carved_bytes", s.carved_bytes);
     stats_line(fd, "small.refills", s.refills);

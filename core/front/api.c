@@ -28,7 +28,7 @@ static void *front_aligned(size_t align, size_t n) {
         uint32_t cls = small_class_of(n > align ? n : align);
         while (small_class_size[cls] & (align - 1))
             cls++;
-        return small_alloc(cls);
+        return front_alloc_class(cls);
     }
     return large_alloc(n, align, false);
 }
@@ -40,7 +40,7 @@ static void *front_calloc(size_t nmemb, size_t size) {
         return NULL;
     }
     if (n > HAK_SMALL_MAX) return large_alloc(n, HAK_MIN_ALIGN, true);
-    void *p = small_alloc(small_class_of(n));
+    void *p = front_alloc_class(small_class_of(n));
     if (p) memset(p, 0, n);
     return p;
 }
@@ -48,6 +48,8 @@ static void *front_calloc(size_t nmemb, size_t size) {
 static size_t front_usable_size(void *p) {
     uint32_t e = rmap_get(p);
     switch (rmap_kind_of(e)) {
+    case RMAP_TINY:
+        return tiny_usable_size(p, "malloc_usable_size");
     case RMAP_SMALL:
         if (!small_is_block(p, rmap_payload(e)))
             diag_bad_pointer("malloc_usable_size", "invalid pointer", p);
@@ -69,6 +71,14 @@ static void *front_move(void *p, size_t keep, size_t n) {
     return q;
 }
 
+/* realloc of a valid block of class cls. */
+static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
+    size_t have = small_class_size[cls];
+    /* Stay put unless growing, or shrinking by more than a power of two. */
+    if (n <= have && small_class_of(n) + 4 > cls) return p;
+    return front_move(p, have, n);
+}
+
 static void *front_realloc(void *p, size_t n) {
     if (p == NULL) return front_malloc(n);
     if (n == 0) {
@@ -77,14 +87,12 @@ static void *front_realloc(void *p, size_t n) {
     }
     uint32_t e = rmap_get(p);
     switch (rmap_kind_of(e)) {
-    case RMAP_SMALL: {
-        uint32_t cls = rmap_payload(e);
-        if (!small_is_block(p, cls)) diag_bad_pointer("realloc", "invalid pointer", p);
-        size_t have = small_class_size[cls];
-        /* Stay put unless growing, or shrinking by more than a power of two. */
-        if (n <= have && small_class_of(n) + 4 > cls) return p;
-        return front_move(p, have, n);
-    }
+    case RMAP_TINY:
+        tiny_usable_size(p, "realloc"); /* validates p */
+        return front_realloc_class(p, ss_slab_of(p)->cls, n);
+    case RMAP_SMALL:
+        if (!small_is_block(p, rmap_payload(e))) diag_bad_pointer("realloc", "invalid pointer", p);
+        return front_realloc_class(p, rmap_payload(e), n);
     case RMAP_LARGE:
         if (n > HAK_SMALL_MAX) return large_realloc(p, e, n);
         return front_move(p, large_usable_size(p, e, "realloc"), n);
@@ -142,18 +150,22 @@ static void *front_pvalloc(size_t n) {
 
 static int front_trim(void) {
     small_thread_flush();
-    return large_trim() ? 1 : 0;
+    bool tiny = tiny_trim(), ss = ss_trim(), large = large_trim();
+    return tiny || ss || large;
 }
 
 static struct mallinfo2 front_mallinfo2(void) {
     struct small_stats s;
     struct large_stats l;
+    struct ss_stats t;
     small_get_stats(&s);
     large_get_stats(&l);
+    ss_get_stats(&t);
     struct mallinfo2 mi = {0};
-    mi.arena = s.regions * HAK_REGION_SIZE; /* small-tier address space */
-    mi.uordblks = s.carved_bytes;           /* small bytes ever carved into blocks */
-    mi.fordblks = mi.arena - mi.uordblks;   /* small bytes never carved yet */
+    /* Size-classed address space: small regions and Tiny SuperSlabs. */
+    mi.arena = (s.regions + t.live) * HAK_REGION_SIZE;
+    mi.uordblks = s.carved_bytes + t.carved_bytes; /* carved into blocks */
+    mi.fordblks = mi.arena - mi.uordblks;          /* not carved yet */
     mi.hblks = l.live_blocks;
     mi.hblkhd = l.live_bytes;
     mi.keepcost = l.cached_bytes; /* freed large mappings kept for reuse */

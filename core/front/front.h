@@ -8,17 +8,28 @@
 #include "box/rmap.h"
 #include "large.h"
 #include "small.h"
+#include "tiny.h"
 
 HAK_INLINE void *front_malloc(size_t n) {
-    if (hak_likely(n <= HAK_SMALL_MAX)) return small_alloc(small_class_of(n));
+    if (hak_likely(n <= TINY_MAX)) return tiny_alloc(small_class_lut[(n + 15) >> 4]);
+    if (n <= HAK_SMALL_MAX) return small_alloc(small_class_of(n));
     return large_alloc(n, HAK_MIN_ALIGN, false);
+}
+
+/* A block of class cls from whichever tier serves that class. */
+HAK_INLINE void *front_alloc_class(uint32_t cls) {
+    return cls < TINY_NCLASSES ? tiny_alloc(cls) : small_alloc(cls);
 }
 
 /* Free p; `fn` names the API call in error messages. NULL is a no-op, and
  * anything hakmem did not hand out aborts with a message naming it. */
 HAK_INLINE void front_free(void *p, const char *fn) {
     uint32_t e = rmap_get(p);
-    if (hak_likely(rmap_kind_of(e) == RMAP_SMALL)) {
+    if (hak_likely(rmap_kind_of(e) == RMAP_TINY)) {
+        tiny_free(p, fn);
+        return;
+    }
+    if (rmap_kind_of(e) == RMAP_SMALL) {
         small_free(p, rmap_payload(e), fn);
         return;
     }

@@ -5,6 +5,9 @@
 #include "box/stats.h"
 #include "large.h"
 #include "small.h"
+#include "superslab/ss.h"
+#include "tcache.h"
+#include "tiny.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,7 +33,9 @@ static void life_thread_exit(void *unused) {
     (void)unused;
     life_armed = false;
     life_exited = true;
-    small_thread_exit();
+    tiny_thread_exit();
+    small_thread_flush();
+    tc_thread_close();
 }
 
 /* Fork: take every allocator lock so the child never inherits one held by a
@@ -38,6 +43,8 @@ static void life_thread_exit(void *unused) {
  * between our prepare and our parent/child handler and may allocate: the
  * forking thread marks itself so its lock sites skip the locks it holds. */
 static void life_fork_prepare(void) {
+    tiny_fork_prepare(); /* before ss: the Tiny lock is taken outside the SuperSlab lock */
+    ss_fork_prepare();
     small_fork_prepare();
     large_fork_prepare();
     hak_in_fork = true;
@@ -47,12 +54,16 @@ static void life_fork_parent(void) {
     hak_in_fork = false;
     large_fork_parent();
     small_fork_parent();
+    ss_fork_parent();
+    tiny_fork_parent();
 }
 
 static void life_fork_child(void) {
     hak_in_fork = false;
     large_fork_child();
     small_fork_child();
+    ss_fork_child();
+    tiny_fork_child();
 }
 
 void hak_init(void) {

@@ -1,0 +1,210 @@
+/* SuperSlab slot management. Everything here runs on slow paths (a slab
+ * acquired or given back per tens to thousands of blocks), under one lock. */
+#include "superslab/ss.h"
+
+#include "box/config.h"
+#include "box/lock.h"
+#include "box/os.h"
+#include "box/rmap.h"
+#include "sizeclass.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+static pthread_mutex_t ss_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct superslab *ss_partial;            /* SuperSlabs with an UNUSED slot */
+static struct ss_slab *ss_empty[TINY_NCLASSES]; /* EMPTY slabs by class */
+static struct superslab *ss_cache;              /* all-empty, decommitted */
+static struct ss_stats ss_st;
+static _Atomic uint64_t ss_carved; /* bytes carved in slabs not reset since */
+
+void ss_note_carved(size_t bytes) {
+    atomic_fetch_add_explicit(&ss_carved, bytes, memory_order_relaxed);
+}
+
+#define SS_ALL_SLOTS (~(uint32_t)0 << SS_FIRST_SLOT)
+
+static void slab_push(struct ss_slab **head, struct ss_slab *s) {
+    s->prev = NULL;
+    s->next = *head;
+    if (*head) (*head)->prev = s;
+    *head = s;
+}
+
+static void slab_unlink(struct ss_slab **head, struct ss_slab *s) {
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        *head = s->next;
+    if (s->next) s->next->prev = s->prev;
+}
+
+static void ss_push(struct superslab **head, struct superslab *ss) {
+    ss->prev = NULL;
+    ss->next = *head;
+    if (*head) (*head)->prev = ss;
+    *head = ss;
+}
+
+static void ss_unlink(struct superslab **head, struct superslab *ss) {
+    if (ss->prev)
+        ss->prev->next = ss->next;
+    else
+        *head = ss->next;
+    if (ss->next) ss->next->prev = ss->prev;
+}
+
+static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
+    atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size, memory_order_relaxed);
+    s->free = NULL;
+    atomic_store_explicit(&s->remote, NULL, memory_order_relaxed);
+    s->magic = ((uint64_t)1 << 42) / size + 1;
+    s->size = (uint16_t)size;
+    s->capacity = (uint16_t)(SS_SLOT_SIZE / size);
+    s->carved = 0;
+    s->used = 0;
+    s->cls = (uint8_t)cls;
+}
+
+/* A fresh SuperSlab with every slot UNUSED, or NULL. */
+static struct superslab *ss_map(void) {
+    struct superslab *ss = os_map_aligned(SS_SIZE, SS_SIZE);
+    if (ss == NULL) return NULL;
+    if (!rmap_set_region(ss, RMAP_TINY, 0)) {
+        os_unmap(ss, SS_SIZE);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < SS_NSLOTS; i++)
+        atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
+    return ss;
+}
+
+/* Take an UNUSED slot of a partial SuperSlab. Lock held; ss_partial set. */
+static struct ss_slab *ss_take_unused(uint32_t cls, uint32_t size) {
+    struct superslab *ss = ss_partial;
+    uint32_t i = (uint32_t)__builtin_ctz(ss->unused_mask);
+    ss->unused_mask &= ~(1u << i);
+    if (ss->unused_mask == 0) ss_unlink(&ss_partial, ss);
+    ss->nactive++;
+    ss_slab_reset(&ss->slab[i], cls, size);
+    return &ss->slab[i];
+}
+
+struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
+    struct ss_slab *s = NULL;
+    hak_lock(&ss_lock);
+    if ((s = ss_empty[cls]) != NULL) {
+        /* Stage 1: this class's own empty slab, blocks already carved. */
+        slab_unlink(&ss_empty[cls], s);
+        ss_of(s)->nempty--;
+        ss_of(s)->nactive++;
+        ss_st.stage1++;
+    } else if (ss_partial) {
+        s = ss_take_unused(cls, size); /* stage 2 */
+        ss_st.stage2++;
+    } else {
+        for (uint32_t c = 0; c < TINY_NCLASSES && s == NULL; c++) {
+            if ((s = ss_empty[c]) == NULL) continue;
+            /* Stage 2, recycled: another class's empty slab, re-cut. */
+            slab_unlink(&ss_empty[c], s);
+            ss_of(s)->nempty--;
+            ss_of(s)->nactive++;
+            ss_slab_reset(s, cls, size);
+            ss_st.stage2_reclass++;
+        }
+        if (s == NULL) {
+            /* Stage 3: a cached SuperSlab (its pages fault back in as
+             * zeroes), else a new one. */
+            struct superslab *ss = ss_cache;
+            if (ss) {
+                ss_unlink(&ss_cache, ss);
+                ss_st.cached--;
+                ss_st.stage3_cache++;
+            } else if ((ss = ss_map()) != NULL) {
+                ss_st.live++;
+                ss_st.stage3_os++;
+            }
+            if (ss) {
+                ss->unused_mask = SS_ALL_SLOTS;
+                ss_push(&ss_partial, ss);
+                s = ss_take_unused(cls, size);
+            }
+        }
+    }
+    if (s) s->state = SS_ACTIVE;
+    hak_unlock(&ss_lock);
+    return s;
+}
+
+/* Every slot of ss is back: reset them and cache or unmap it. Lock held. */
+static void ss_retire(struct superslab *ss) {
+    for (uint32_t i = SS_FIRST_SLOT; i < SS_NSLOTS; i++) {
+        struct ss_slab *s = &ss->slab[i];
+        if (s->state == SS_EMPTY) slab_unlink(&ss_empty[s->cls], s);
+        atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size, memory_order_relaxed);
+        s->carved = 0;
+        s->state = SS_UNUSED;
+    }
+    if (ss->unused_mask) ss_unlink(&ss_partial, ss);
+    ss->unused_mask = SS_ALL_SLOTS;
+    ss->nempty = 0;
+    ss_st.retired++;
+    if (ss_st.cached < hak_cfg.ss_cache) {
+        /* Keep the header slot; give the 31 data slots' pages back. */
+        os_decommit((uint8_t *)ss + SS_SLOT_SIZE, SS_SIZE - SS_SLOT_SIZE);
+        ss_push(&ss_cache, ss);
+        ss_st.cached++;
+    } else {
+        rmap_clear_span(ss, SS_SIZE);
+        os_unmap(ss, SS_SIZE);
+        ss_st.live--;
+        ss_st.unmapped++;
+    }
+}
+
+void ss_release(struct ss_slab *s) {
+    struct superslab *ss = ss_of(s);
+    hak_lock(&ss_lock);
+    atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_relaxed);
+    s->state = SS_EMPTY;
+    slab_push(&ss_empty[s->cls], s);
+    ss->nactive--;
+    ss->nempty++;
+    ss_st.releases++;
+    if (ss->nactive == 0) ss_retire(ss);
+    hak_unlock(&ss_lock);
+}
+
+bool ss_trim(void) {
+    bool any = false;
+    hak_lock(&ss_lock);
+    while (ss_cache) {
+        struct superslab *ss = ss_cache;
+        ss_unlink(&ss_cache, ss);
+        rmap_clear_span(ss, SS_SIZE);
+        os_unmap(ss, SS_SIZE);
+        ss_st.cached--;
+        ss_st.live--;
+        ss_st.unmapped++;
+        any = true;
+    }
+    hak_unlock(&ss_lock);
+    return any;
+}
+
+void ss_fork_prepare(void) {
+    pthread_mutex_lock(&ss_lock);
+}
+void ss_fork_parent(void) {
+    pthread_mutex_unlock(&ss_lock);
+}
+void ss_fork_child(void) {
+    pthread_mutex_init(&ss_lock, NULL);
+}
+
+void ss_get_stats(struct ss_stats *st) {
+    hak_lock(&ss_lock);
+    *st = ss_st;
+    hak_unlock(&ss_lock);
+    st->carved_bytes = atomic_load_explicit(&ss_carved, memory_order_relaxed);
+}

@@ -1,0 +1,110 @@
+/* SuperSlab: a 2 MiB region aligned to its size, cut into 32 slots of 64 KiB.
+ * Slot 0 holds the header (one 64-byte descriptor per slot); slots 1..31 are
+ * slabs of Tiny blocks. The header of any block is found by masking its
+ * address, its slab by a shift: no per-block header.
+ *
+ * Slot states: UNUSED (never carved, or reset), ACTIVE (owned by a thread's
+ * heap for one class), EMPTY (all blocks back, class remembered). Slots are
+ * shared by all classes. An acquire takes, in order: (1) an EMPTY slot this
+ * class used before, its free list intact; (2) an UNUSED slot of a mapped
+ * SuperSlab, or an EMPTY slot of another class; (3) a SuperSlab from the
+ * cache of empty ones, else a new one from the OS. A SuperSlab whose slots
+ * are all back goes to the cache decommitted, or is unmapped past its bound. */
+#ifndef HAK_SS_H
+#define HAK_SS_H
+
+#include "sizes.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SS_SIZE       HAK_REGION_SIZE
+#define SS_SLOT_SHIFT 16
+#define SS_SLOT_SIZE  ((size_t)1 << SS_SLOT_SHIFT)
+#define SS_NSLOTS     ((uint32_t)(SS_SIZE / SS_SLOT_SIZE))
+#define SS_FIRST_SLOT 1u
+
+enum ss_state { SS_UNUSED, SS_ACTIVE, SS_EMPTY };
+
+struct tiny_heap;
+/* Owner of a slab no live thread owns (unused, empty, or orphaned). Never
+ * equal to a thread's heap pointer, nor to NULL (a thread without a heap). */
+#define SS_NO_OWNER ((struct tiny_heap *)1)
+
+struct ss_slab {
+    void *free;                        /* owner-only free list */
+    _Atomic(void *) remote;            /* blocks freed by other threads (stack) */
+    _Atomic(struct tiny_heap *) owner; /* the heap that may use `free` */
+    uint64_t magic;                    /* floor(2^42 / size) + 1: divide by size */
+    struct ss_slab *next, *prev;       /* the list the slab is on */
+    uint16_t size;                     /* block size */
+    uint16_t capacity;                 /* blocks in the slot */
+    uint16_t carved;                   /* blocks ever carved, from the slot start */
+    uint16_t used;                     /* blocks out: in caches or with the program */
+    uint8_t cls;
+    uint8_t state; /* enum ss_state; changed under the SuperSlab lock */
+    uint8_t where; /* which of its heap's lists it is on (tiny.c) */
+};
+_Static_assert(sizeof(struct ss_slab) <= 64, "slab descriptor must fit a cache line");
+
+struct superslab {
+    struct ss_slab slab[SS_NSLOTS]; /* slab[0] describes the header slot: never used */
+    struct superslab *next, *prev;  /* partial list or cache */
+    uint32_t unused_mask;           /* bit i: slot i UNUSED */
+    uint32_t nactive, nempty;
+};
+_Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0");
+
+static inline struct superslab *ss_of(const void *p) {
+    return (struct superslab *)((uintptr_t)p & ~(uintptr_t)(SS_SIZE - 1));
+}
+
+static inline struct ss_slab *ss_slab_of(const void *p) {
+    return &ss_of(p)->slab[((uintptr_t)p >> SS_SLOT_SHIFT) & (SS_NSLOTS - 1)];
+}
+
+/* First byte of the slot a descriptor describes. */
+static inline uint8_t *ss_slab_base(const struct ss_slab *s) {
+    struct superslab *ss = ss_of(s);
+    return (uint8_t *)ss + ((size_t)(s - ss->slab) << SS_SLOT_SHIFT);
+}
+
+/* Index of block p in its slab, or -1 when p is not a block start that was
+ * ever carved. */
+static inline int32_t ss_block_index(const struct ss_slab *s, const void *p) {
+    uint32_t off = (uint32_t)((uintptr_t)p & (SS_SLOT_SIZE - 1));
+    uint32_t idx = (uint32_t)(((uint64_t)off * s->magic) >> 42); /* exact for off < 2^16 */
+    return (idx * s->size == off && idx < s->carved) ? (int32_t)idx : -1;
+}
+
+/* An ACTIVE slab for class cls (block size `size`), or NULL when out of
+ * memory. Its owner is left for the caller to set. A slab from stage 1 keeps
+ * its carved blocks on its free list. */
+struct ss_slab *ss_acquire(uint32_t cls, uint32_t size);
+/* Give back a slab with no block out (used == 0). */
+void ss_release(struct ss_slab *s);
+/* A slab's owner carved `bytes` more of it into blocks (for mallinfo2). */
+void ss_note_carved(size_t bytes);
+/* Unmap every cached SuperSlab; true when there was one. */
+bool ss_trim(void);
+
+void ss_fork_prepare(void);
+void ss_fork_parent(void);
+void ss_fork_child(void);
+
+struct ss_stats {
+    uint64_t stage1;         /* EMPTY slot of the same class */
+    uint64_t stage2;         /* UNUSED slot of a mapped SuperSlab */
+    uint64_t stage2_reclass; /* EMPTY slot of another class, reset */
+    uint64_t stage3_cache;   /* SuperSlab from the empty cache */
+    uint64_t stage3_os;      /* new SuperSlab from the OS */
+    uint64_t releases;       /* slots given back */
+    uint64_t retired;        /* SuperSlabs whose slots all came back */
+    uint64_t unmapped;       /* SuperSlabs returned to the OS */
+    uint64_t live, cached;   /* SuperSlabs mapped now; of those, in the cache */
+    uint64_t carved_bytes;   /* bytes carved into blocks in ACTIVE/EMPTY slabs */
+};
+void ss_get_stats(struct ss_stats *st);
+
+#endif

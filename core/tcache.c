@@ -1,0 +1,17 @@
+#include "tcache.h"
+
+#include "front/lifecycle.h"
+
+__thread struct hak_tcache hak_tc;
+
+bool tc_thread_start(void) {
+    if (!life_thread_arm()) return false;
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        hak_tc.cap[cls] = small_class_cap[cls];
+    return true;
+}
+
+void tc_thread_close(void) {
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        hak_tc.cap[cls] = 0;
+}

@@ -1,0 +1,73 @@
+/* Thread cache: per-thread, per-class lists of free blocks in front of every
+ * size-classed tier. malloc pops, free pushes; no atomic, lock or call on
+ * either path. Each tier refills a class from its own structures when it is
+ * empty and takes blocks back when it is over capacity. */
+#ifndef HAK_TCACHE_H
+#define HAK_TCACHE_H
+
+#include "sizeclass.h"
+
+#include <stdbool.h>
+
+struct tiny_heap;
+
+struct hak_tcache {
+    void *head[SMALL_NCLASSES];     /* free blocks, linked through word 0 */
+    uint16_t count[SMALL_NCLASSES]; /* length of each list */
+    /* Capacity per class: 0 until this thread's first slow path (and again
+     * after its exit hook ran), so a thread's first free of a class also
+     * takes a slow path, which arms the exit hook (tc_thread_start). */
+    uint16_t cap[SMALL_NCLASSES];
+    struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
+};
+
+extern __thread struct hak_tcache hak_tc;
+
+static inline void *tc_pop(uint32_t cls) {
+    void *p = hak_tc.head[cls];
+    if (hak_likely(p != NULL)) {
+        hak_tc.head[cls] = *(void **)p;
+        hak_tc.count[cls]--;
+    }
+    return p;
+}
+
+static inline void tc_push(uint32_t cls, void *p) {
+    *(void **)p = hak_tc.head[cls];
+    hak_tc.head[cls] = p;
+    hak_tc.count[cls]++;
+}
+
+/* Put a chain first..last of n blocks in front of the list of cls. */
+static inline void tc_push_chain(uint32_t cls, void *first, void *last, uint32_t n) {
+    *(void **)last = hak_tc.head[cls];
+    hak_tc.head[cls] = first;
+    hak_tc.count[cls] = (uint16_t)(hak_tc.count[cls] + n);
+}
+
+/* Detach the first n (<= count) blocks of cls; returns the first, *last the
+ * last (its link is left as it was). */
+static inline void *tc_take(uint32_t cls, uint32_t n, void **last) {
+    void *first = hak_tc.head[cls], *b = first;
+    for (uint32_t i = 1; i < n; i++)
+        b = *(void **)b;
+    hak_tc.head[cls] = *(void **)b;
+    hak_tc.count[cls] = (uint16_t)(hak_tc.count[cls] - n);
+    *last = b;
+    return first;
+}
+
+/* Half a capacity: the batch a refill brings and a flush gives back. */
+static inline uint32_t tc_batch(uint32_t cls) {
+    return small_class_cap[cls] / 2u;
+}
+
+/* A thread's first slow path: arm its exit hook and open the caches. False
+ * when the hook cannot be armed (start-up still running in another thread,
+ * or the thread is past its exit hook): the thread must then work uncached,
+ * so nothing it frees is stranded in a cache nobody will return. */
+bool tc_thread_start(void);
+/* Thread exit: close the caches, so later frees take the slow path again. */
+void tc_thread_close(void);
+
+#endif

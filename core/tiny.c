@@ -1,0 +1,347 @@
+/* Tiny tier slow paths: per-thread heaps of slabs, refill and flush between
+ * the thread cache and the slabs, remote frees, orphan adoption. */
+#include "tiny.h"
+
+#include "box/lock.h"
+#include "box/os.h"
+#include "small.h"
+
+#include <errno.h>
+#include <pthread.h>
+
+/* Which heap list a slab is on. */
+enum { WHERE_CUR, WHERE_AVAIL, WHERE_FULL };
+
+/* A thread's slabs. Heaps are never unmapped, only recycled, so a remote
+ * freer may still touch the heap a slab's owner field named a moment ago. */
+struct tiny_heap {
+    struct ss_slab *cur[TINY_NCLASSES];   /* slab refills come from */
+    struct ss_slab *avail[TINY_NCLASSES]; /* owned slabs with free blocks */
+    struct ss_slab *full[TINY_NCLASSES];  /* owned slabs with none at last look */
+    _Atomic uint32_t remote_pending;      /* bit c: a class-c slab got remote frees */
+    bool warm[TINY_NCLASSES];             /* first refill done (pre-warm) */
+    struct tiny_heap *next_free;
+};
+
+static pthread_mutex_t tiny_lock = PTHREAD_MUTEX_INITIALIZER; /* heaps and orphans */
+static struct tiny_heap *tiny_heap_pool;                      /* heaps of exited threads */
+static struct tiny_heap *tiny_heap_fresh; /* never-used heaps of the last chunk */
+static uint32_t tiny_heap_fresh_n;
+static struct ss_slab *tiny_orphans[TINY_NCLASSES]; /* slabs of exited threads */
+
+static _Atomic uint64_t tiny_st[TINY_NCLASSES][6]; /* tiny_class_stats, in order */
+enum { ST_ALLOCS, ST_FREES, ST_REFILLS, ST_FLUSHES, ST_REMOTE, ST_ADOPTED };
+
+static inline void tiny_stat(uint32_t cls, int which, uint64_t n) {
+    if (hak_unlikely(hak_cfg.stats))
+        atomic_fetch_add_explicit(&tiny_st[cls][which], n, memory_order_relaxed);
+}
+
+void tiny_count_op(uint32_t cls, bool is_free) {
+    tiny_stat(cls, is_free ? ST_FREES : ST_ALLOCS, 1);
+}
+
+/* ---- heap lists ------------------------------------------------------------ */
+
+static struct ss_slab **tiny_list(struct tiny_heap *h, struct ss_slab *s) {
+    return s->where == WHERE_AVAIL ? &h->avail[s->cls] : &h->full[s->cls];
+}
+
+static void tiny_list_push(struct tiny_heap *h, struct ss_slab *s, uint8_t where) {
+    s->where = where;
+    struct ss_slab **head = tiny_list(h, s);
+    s->prev = NULL;
+    s->next = *head;
+    if (*head) (*head)->prev = s;
+    *head = s;
+}
+
+static void tiny_list_unlink(struct tiny_heap *h, struct ss_slab *s) {
+    struct ss_slab **head = tiny_list(h, s);
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        *head = s->next;
+    if (s->next) s->next->prev = s->prev;
+}
+
+/* ---- heaps ----------------------------------------------------------------- */
+
+static struct tiny_heap *tiny_heap_get(void) {
+    hak_lock(&tiny_lock);
+    struct tiny_heap *h = tiny_heap_pool;
+    if (h) {
+        tiny_heap_pool = h->next_free;
+    } else {
+        if (tiny_heap_fresh_n == 0) {
+            size_t chunk = 64 * 1024;
+            tiny_heap_fresh = os_map_aligned(chunk, HAK_PAGE_SIZE);
+            tiny_heap_fresh_n = tiny_heap_fresh ? (uint32_t)(chunk / sizeof *h) : 0;
+        }
+        if (tiny_heap_fresh_n) {
+            h = tiny_heap_fresh++;
+            tiny_heap_fresh_n--;
+        }
+    }
+    hak_unlock(&tiny_lock);
+    if (h) *h = (struct tiny_heap){0};
+    return h;
+}
+
+/* ---- moving blocks between a slab and the thread cache ------------------------ */
+
+/* Move the slab's remote list onto its free list. Owner only. */
+static void tiny_drain(struct ss_slab *s) {
+    void *list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
+    if (list == NULL) return;
+    uint32_t n = 1;
+    void *last = list;
+    for (; *(void **)last; n++)
+        last = *(void **)last;
+    *(void **)last = s->free;
+    s->free = list;
+    s->used = (uint16_t)(s->used - n);
+}
+
+/* Up to `want` blocks from slab s into the cache of cls; how many moved. */
+static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
+    if (s->free == NULL) tiny_drain(s);
+    uint32_t n = 0;
+    void *first = s->free, *last = NULL;
+    for (void *b = first; b && n < want; b = *(void **)b, n++)
+        last = b;
+    if (n) s->free = *(void **)last;
+    /* Carve the rest from the slot's never-used tail. */
+    uint32_t carve = want - n, room = (uint32_t)(s->capacity - s->carved);
+    if (carve > room) carve = room;
+    if (carve) {
+        uint8_t *b = ss_slab_base(s) + (size_t)s->carved * s->size;
+        if (n)
+            *(void **)last = b;
+        else
+            first = b;
+        for (uint32_t i = 1; i < carve; i++, b += s->size)
+            *(void **)b = b + s->size;
+        last = b;
+        s->carved = (uint16_t)(s->carved + carve);
+        ss_note_carved((size_t)carve * s->size);
+        n += carve;
+    }
+    if (n == 0) return 0;
+    s->used = (uint16_t)(s->used + n);
+    tc_push_chain(cls, first, last, n);
+    return n;
+}
+
+/* Give an empty slab back, unless refills are coming from it. Owner only. */
+static void tiny_maybe_release(struct tiny_heap *h, struct ss_slab *s) {
+    if (s->used != 0 || s == h->cur[s->cls]) return;
+    tiny_list_unlink(h, s);
+    ss_release(s);
+}
+
+/* Take a slab from the orphans of cls and make it ours. */
+static struct ss_slab *tiny_adopt(struct tiny_heap *h, uint32_t cls) {
+    hak_lock(&tiny_lock);
+    struct ss_slab *s = tiny_orphans[cls];
+    if (s) tiny_orphans[cls] = s->next;
+    hak_unlock(&tiny_lock);
+    if (s) {
+        atomic_store_explicit(&s->owner, h, memory_order_release);
+        tiny_stat(cls, ST_ADOPTED, 1);
+    }
+    return s;
+}
+
+/* The current slab of cls ran dry: find the next one. */
+static struct ss_slab *tiny_next_slab(struct tiny_heap *h, uint32_t cls) {
+    struct ss_slab *old = h->cur[cls], *s;
+    h->cur[cls] = NULL;
+    if (old) tiny_list_push(h, old, WHERE_FULL);
+
+    if ((s = h->avail[cls]) != NULL) {
+        tiny_list_unlink(h, s);
+    } else {
+        uint32_t bit = 1u << cls;
+        if (atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & bit) {
+            /* Some full slab got blocks back from other threads. */
+            atomic_fetch_and_explicit(&h->remote_pending, ~bit, memory_order_relaxed);
+            for (s = h->full[cls]; s; s = s->next)
+                if (atomic_load_explicit(&s->remote, memory_order_relaxed)) break;
+            if (s) tiny_list_unlink(h, s);
+        }
+        if (s == NULL) s = tiny_adopt(h, cls);
+        if (s == NULL) {
+            s = ss_acquire(cls, small_class_size[cls]);
+            if (s == NULL) return NULL;
+            atomic_store_explicit(&s->owner, h, memory_order_release);
+        }
+    }
+    s->where = WHERE_CUR;
+    h->cur[cls] = s;
+    return s;
+}
+
+void *tiny_alloc_slow(uint32_t cls) {
+    /* A thread that may not cache has no heap either: the small tier serves
+     * it one block at a time. */
+    if (hak_tc.cap[cls] == 0 && !tc_thread_start()) return small_alloc_uncached(cls);
+    struct tiny_heap *h = hak_tc.heap;
+    if (h == NULL && (h = hak_tc.heap = tiny_heap_get()) == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* Pre-warm: a thread's first refill of a class fills the whole cache. */
+    uint32_t want = h->warm[cls] ? tc_batch(cls) : hak_tc.cap[cls];
+    h->warm[cls] = true;
+    struct ss_slab *s = h->cur[cls];
+    while (s == NULL || tiny_take(s, cls, want) == 0) {
+        if ((s = tiny_next_slab(h, cls)) == NULL) {
+            errno = ENOMEM;
+            return NULL;
+        }
+    }
+    tiny_stat(cls, ST_REFILLS, 1);
+    tiny_stat(cls, ST_ALLOCS, 1);
+    return tc_pop(cls);
+}
+
+/* Return n blocks of cls from the thread cache to their slabs. */
+static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
+    void *last;
+    void *b = tc_take(cls, n, &last);
+    for (uint32_t i = 0; i < n; i++) {
+        void *next = *(void **)b;
+        struct ss_slab *s = ss_slab_of(b);
+        *(void **)b = s->free;
+        s->free = b;
+        s->used--;
+        if (s->where == WHERE_FULL) {
+            tiny_list_unlink(h, s);
+            tiny_list_push(h, s, WHERE_AVAIL);
+        }
+        tiny_maybe_release(h, s);
+        b = next;
+    }
+    tiny_stat(cls, ST_FLUSHES, 1);
+}
+
+void tiny_free_slow(void *p, uint32_t cls) {
+    /* Only the owner gets here, and owning a slab means the caches are open. */
+    tc_push(cls, p);
+    if (hak_tc.count[cls] > hak_tc.cap[cls]) tiny_give_back(hak_tc.heap, cls, tc_batch(cls));
+}
+
+void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
+    if (s->state != SS_ACTIVE) diag_bad_pointer(fn, "invalid pointer", p);
+    void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
+    do {
+        *(void **)p = old;
+    } while (!atomic_compare_exchange_weak_explicit(&s->remote, &old, p, memory_order_release,
+                                                    memory_order_relaxed));
+    if (old == NULL) {
+        /* First block back since the owner last looked: tell it, in case
+         * the slab sits on its full list. */
+        struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_relaxed);
+        if (h != SS_NO_OWNER)
+            atomic_fetch_or_explicit(&h->remote_pending, 1u << s->cls, memory_order_relaxed);
+    }
+    tiny_stat(s->cls, ST_REMOTE, 1);
+    tiny_stat(s->cls, ST_FREES, 1);
+}
+
+/* ---- thread exit, trim, fork ----------------------------------------------------- */
+
+/* Drain s; give it back if empty, else leave it to the next thread. */
+static void tiny_let_go(struct ss_slab *s) {
+    tiny_drain(s);
+    if (s->used == 0) {
+        ss_release(s);
+        return;
+    }
+    atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_release);
+    hak_lock(&tiny_lock);
+    s->next = tiny_orphans[s->cls];
+    tiny_orphans[s->cls] = s;
+    hak_unlock(&tiny_lock);
+}
+
+void tiny_thread_exit(void) {
+    struct tiny_heap *h = hak_tc.heap;
+    if (h == NULL) return;
+    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
+        if (hak_tc.count[cls]) tiny_give_back(h, cls, hak_tc.count[cls]);
+        struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
+        for (int l = 0; l < 3; l++) {
+            for (struct ss_slab *s = lists[l], *next; s; s = next) {
+                next = l ? s->next : NULL; /* cur is a single slab */
+                tiny_let_go(s);
+            }
+        }
+    }
+    hak_tc.heap = NULL;
+    hak_lock(&tiny_lock);
+    h->next_free = tiny_heap_pool;
+    tiny_heap_pool = h;
+    hak_unlock(&tiny_lock);
+}
+
+bool tiny_trim(void) {
+    bool any = false;
+    struct tiny_heap *h = hak_tc.heap;
+    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
+        if (h == NULL) break;
+        if (hak_tc.count[cls]) tiny_give_back(h, cls, hak_tc.count[cls]);
+        struct ss_slab *lists[] = {h->avail[cls], h->full[cls]};
+        for (int l = 0; l < 2; l++) {
+            for (struct ss_slab *s = lists[l], *next; s; s = next) {
+                next = s->next;
+                tiny_drain(s);
+                if (s->used == 0) {
+                    tiny_list_unlink(h, s);
+                    ss_release(s);
+                    any = true;
+                }
+            }
+        }
+    }
+    /* Orphans whose blocks all came back to them. */
+    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
+        hak_lock(&tiny_lock);
+        struct ss_slab **link = &tiny_orphans[cls];
+        while (*link) {
+            struct ss_slab *s = *link;
+            tiny_drain(s); /* orphans are ours to drain while we hold the lock */
+            if (s->used == 0) {
+                *link = s->next;
+                ss_release(s);
+                any = true;
+            } else {
+                link = &s->next;
+            }
+        }
+        hak_unlock(&tiny_lock);
+    }
+    return any;
+}
+
+void tiny_fork_prepare(void) {
+    pthread_mutex_lock(&tiny_lock);
+}
+void tiny_fork_parent(void) {
+    pthread_mutex_unlock(&tiny_lock);
+}
+void tiny_fork_child(void) {
+    pthread_mutex_init(&tiny_lock, NULL);
+}
+
+void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]) {
+    for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
+        st[c].allocs = atomic_load(&tiny_st[c][ST_ALLOCS]);
+        st[c].frees = atomic_load(&tiny_st[c][ST_FREES]);
+        st[c].refills = atomic_load(&tiny_st[c][ST_REFILLS]);
+        st[c].flushes = atomic_load(&tiny_st[c][ST_FLUSHES]);
+        st[c].remote_frees = atomic_load(&tiny_st[c][ST_REMOTE]);
+        st[c].adopted = atomic_load(&tiny_st[c][ST_ADOPTED]);
+    }
+}

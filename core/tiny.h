@@ -1,0 +1,74 @@
+/* Tiny tier, 0 .. 1024 bytes: blocks in SuperSlab slabs owned by one thread
+ * each, served through the thread cache (core/tcache.h).
+ *
+ * free of a block whose slab this thread owns pushes it on the thread cache;
+ * a block of another thread's slab goes on that slab's remote list with one
+ * CAS, and the owner takes the whole list with one exchange when it refills.
+ * A thread that exits gives back its empty slabs and leaves the others to be
+ * adopted by the next thread that needs their class. */
+#ifndef HAK_TINY_H
+#define HAK_TINY_H
+
+#include "box/config.h"
+#include "box/diag.h"
+#include "superslab/ss.h"
+#include "tcache.h"
+
+#define TINY_MAX ((size_t)1024)
+
+void *tiny_alloc_slow(uint32_t cls);
+void tiny_free_slow(void *p, uint32_t cls);
+void tiny_free_remote(void *p, struct ss_slab *s, const char *fn);
+void tiny_count_op(uint32_t cls, bool is_free);
+
+static inline void *tiny_alloc(uint32_t cls) {
+    void *p = tc_pop(cls);
+    if (hak_unlikely(p == NULL)) return tiny_alloc_slow(cls);
+    if (hak_unlikely(hak_cfg.stats)) tiny_count_op(cls, false);
+    return p;
+}
+
+/* Free p, whose region entry says RMAP_TINY; `fn` names the API call. */
+static inline void tiny_free(void *p, const char *fn) {
+    struct ss_slab *s = ss_slab_of(p);
+    if (hak_unlikely(ss_block_index(s, p) < 0)) diag_bad_pointer(fn, "invalid pointer", p);
+    if (hak_unlikely(atomic_load_explicit(&s->owner, memory_order_relaxed) != hak_tc.heap)) {
+        tiny_free_remote(p, s, fn);
+        return;
+    }
+    uint32_t cls = s->cls;
+    /* The cheapest double-free check: the block freed last in this class. */
+    if (hak_unlikely(hak_tc.head[cls] == p)) diag_bad_pointer(fn, "double free", p);
+    if (hak_unlikely(hak_cfg.stats)) tiny_count_op(cls, true);
+    if (hak_unlikely(hak_tc.count[cls] >= hak_tc.cap[cls])) {
+        tiny_free_slow(p, cls);
+        return;
+    }
+    tc_push(cls, p);
+}
+
+/* Block size of p (RMAP_TINY); aborts naming p when it is not a block. */
+static inline size_t tiny_usable_size(const void *p, const char *fn) {
+    struct ss_slab *s = ss_slab_of(p);
+    if (ss_block_index(s, p) < 0) diag_bad_pointer(fn, "invalid pointer", p);
+    return s->size;
+}
+
+/* Thread exit: return the cache to the slabs, give back empty slabs, leave
+ * the rest for adoption. */
+void tiny_thread_exit(void);
+/* malloc_trim: drain this thread's slabs and the orphans, give back every
+ * empty slab; true when something was given back. */
+bool tiny_trim(void);
+
+void tiny_fork_prepare(void);
+void tiny_fork_parent(void);
+void tiny_fork_child(void);
+
+struct tiny_class_stats {
+    uint64_t allocs, frees; /* counted only with HAKMEM_STATS=1 */
+    uint64_t refills, flushes, remote_frees, adopted;
+};
+void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]);
+
+#endif
