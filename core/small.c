@@ -93,7 +93,7 @@ void *small_alloc_uncached(uint32_t cls) {
 }
 
 void *small_alloc_slow(uint32_t cls) {
-    if (hak_tc.cap[cls] == 0 && !tc_thread_start()) return small_alloc_uncached(cls);
+    if (!hak_tc.open && !tc_thread_start()) return small_alloc_uncached(cls);
     void *first, *last;
     uint32_t got = small_take_shared(cls, tc_batch(cls), &first, &last);
     if (got == 0) {
@@ -113,17 +113,20 @@ static void small_give_back(uint32_t cls, uint32_t n) {
 }
 
 void small_free_slow(void *p, uint32_t cls) {
-    if (cls < TINY_NCLASSES || (hak_tc.cap[cls] == 0 && !tc_thread_start())) {
+    if (cls < TINY_NCLASSES || (!hak_tc.open && !tc_thread_start())) {
         small_put_shared(cls, p, p); /* uncached */
         return;
     }
-    tc_push(cls, p);
-    if (hak_tc.count[cls] > hak_tc.cap[cls]) small_give_back(cls, tc_batch(cls));
+    if (!tc_reserve(cls)) { /* full: give half back */
+        small_give_back(cls, tc_batch(cls));
+        tc_reserve(cls);
+    }
+    tc_push_reserved(cls, p);
 }
 
 void small_thread_flush(void) {
     for (uint32_t cls = TINY_NCLASSES; cls < SMALL_NCLASSES; cls++)
-        if (hak_tc.count[cls]) small_give_back(cls, hak_tc.count[cls]);
+        if (tc_count(cls)) small_give_back(cls, tc_count(cls));
 }
 
 void small_fork_prepare(void) {

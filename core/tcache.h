@@ -12,37 +12,55 @@
 struct tiny_heap;
 
 struct hak_tcache {
-    void *head[SMALL_NCLASSES];     /* free blocks, linked through word 0 */
-    uint16_t count[SMALL_NCLASSES]; /* length of each list */
-    /* Capacity per class: 0 until this thread's first slow path (and again
-     * after its exit hook ran), so a thread's first free of a class also
-     * takes a slow path, which arms the exit hook (tc_thread_start). */
-    uint16_t cap[SMALL_NCLASSES];
+    void *head[SMALL_NCLASSES]; /* free blocks, linked through word 0 */
+    /* Blocks each list may still take. Free's whole capacity check is one
+     * decrement that must not go below zero. 0 while the caches are closed:
+     * until this thread's first slow path (and again after its exit hook
+     * ran), so a thread's first free of a class also takes a slow path,
+     * which arms the exit hook (tc_thread_start). */
+    uint16_t room[SMALL_NCLASSES];
+    bool open;              /* caches open: room counts from small_class_cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
+    /* Tiny allocs and frees served by this cache, for stats: one add each on
+     * the fast path, cheaper than testing whether stats are on. */
+    uint64_t allocs[TINY_NCLASSES], frees[TINY_NCLASSES];
 };
 
 extern __thread struct hak_tcache hak_tc;
 
-static inline void *tc_pop(uint32_t cls) {
+HAK_INLINE void *tc_pop(uint32_t cls) {
     void *p = hak_tc.head[cls];
     if (hak_likely(p != NULL)) {
         hak_tc.head[cls] = *(void **)p;
-        hak_tc.count[cls]--;
+        hak_tc.room[cls]++;
     }
     return p;
 }
 
-static inline void tc_push(uint32_t cls, void *p) {
-    *(void **)p = hak_tc.head[cls];
-    hak_tc.head[cls] = p;
-    hak_tc.count[cls]++;
+/* Take one unit of room for a push; false (room unchanged) when the list is
+ * full or the caches are closed. */
+HAK_INLINE bool tc_reserve(uint32_t cls) {
+    if (hak_unlikely(hak_tc.room[cls] == 0)) return false;
+    hak_tc.room[cls]--;
+    return true;
 }
 
-/* Put a chain first..last of n blocks in front of the list of cls. */
+/* Push p; its room was reserved (tc_reserve) or is known to be there. */
+HAK_INLINE void tc_push_reserved(uint32_t cls, void *p) {
+    *(void **)p = hak_tc.head[cls];
+    hak_tc.head[cls] = p;
+}
+
+/* Blocks on the list of cls. */
+static inline uint32_t tc_count(uint32_t cls) {
+    return hak_tc.open ? (uint32_t)small_class_cap[cls] - hak_tc.room[cls] : 0;
+}
+
+/* Put a chain first..last of n blocks (n <= room) in front of the list of cls. */
 static inline void tc_push_chain(uint32_t cls, void *first, void *last, uint32_t n) {
     *(void **)last = hak_tc.head[cls];
     hak_tc.head[cls] = first;
-    hak_tc.count[cls] = (uint16_t)(hak_tc.count[cls] + n);
+    hak_tc.room[cls] = (uint16_t)(hak_tc.room[cls] - n);
 }
 
 /* Detach the first n (<= count) blocks of cls; returns the first, *last the
@@ -52,7 +70,7 @@ static inline void *tc_take(uint32_t cls, uint32_t n, void **last) {
     for (uint32_t i = 1; i < n; i++)
         b = *(void **)b;
     hak_tc.head[cls] = *(void **)b;
-    hak_tc.count[cls] = (uint16_t)(hak_tc.count[cls] - n);
+    hak_tc.room[cls] = (uint16_t)(hak_tc.room[cls] + n);
     *last = b;
     return first;
 }

@@ -2,6 +2,7 @@
  * the thread cache and the slabs, remote frees, orphan adoption. */
 #include "tiny.h"
 
+#include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "small.h"
@@ -37,10 +38,14 @@ static inline void tiny_stat(uint32_t cls, int which, uint64_t n) {
         atomic_fetch_add_explicit(&tiny_st[cls][which], n, memory_order_relaxed);
 }
 
-void tiny_count_op(uint32_t cls, bool is_free) {
-    tiny_stat(cls, is_free ? ST_FREES : ST_ALLOCS, 1);
+/* Move this thread's alloc/free counts into the totals. */
+static void tiny_merge_counts(void) {
+    for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
+        atomic_fetch_add_explicit(&tiny_st[c][ST_ALLOCS], hak_tc.allocs[c], memory_order_relaxed);
+        atomic_fetch_add_explicit(&tiny_st[c][ST_FREES], hak_tc.frees[c], memory_order_relaxed);
+        hak_tc.allocs[c] = hak_tc.frees[c] = 0;
+    }
 }
-
 /* ---- heap lists ------------------------------------------------------------ */
 
 static struct ss_slab **tiny_list(struct tiny_heap *h, struct ss_slab *s) {
@@ -185,14 +190,14 @@ static struct ss_slab *tiny_next_slab(struct tiny_heap *h, uint32_t cls) {
 void *tiny_alloc_slow(uint32_t cls) {
     /* A thread that may not cache has no heap either: the small tier serves
      * it one block at a time. */
-    if (hak_tc.cap[cls] == 0 && !tc_thread_start()) return small_alloc_uncached(cls);
+    if (!hak_tc.open && !tc_thread_start()) return small_alloc_uncached(cls);
     struct tiny_heap *h = hak_tc.heap;
     if (h == NULL && (h = hak_tc.heap = tiny_heap_get()) == NULL) {
         errno = ENOMEM;
         return NULL;
     }
     /* Pre-warm: a thread's first refill of a class fills the whole cache. */
-    uint32_t want = h->warm[cls] ? tc_batch(cls) : hak_tc.cap[cls];
+    uint32_t want = h->warm[cls] ? tc_batch(cls) : hak_tc.room[cls];
     h->warm[cls] = true;
     struct ss_slab *s = h->cur[cls];
     while (s == NULL || tiny_take(s, cls, want) == 0) {
@@ -202,7 +207,7 @@ void *tiny_alloc_slow(uint32_t cls) {
         }
     }
     tiny_stat(cls, ST_REFILLS, 1);
-    tiny_stat(cls, ST_ALLOCS, 1);
+    hak_tc.allocs[cls]++;
     return tc_pop(cls);
 }
 
@@ -227,9 +232,11 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
 }
 
 void tiny_free_slow(void *p, uint32_t cls) {
-    /* Only the owner gets here, and owning a slab means the caches are open. */
-    tc_push(cls, p);
-    if (hak_tc.count[cls] > hak_tc.cap[cls]) tiny_give_back(hak_tc.heap, cls, tc_batch(cls));
+    /* Only the owner gets here, and owning a slab means the caches are open:
+     * the list is full. Give half back, then keep p. */
+    tiny_give_back(hak_tc.heap, cls, tc_batch(cls));
+    tc_reserve(cls);
+    tc_push_reserved(cls, p);
 }
 
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
@@ -247,7 +254,7 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
             atomic_fetch_or_explicit(&h->remote_pending, 1u << s->cls, memory_order_relaxed);
     }
     tiny_stat(s->cls, ST_REMOTE, 1);
-    tiny_stat(s->cls, ST_FREES, 1);
+    hak_tc.frees[s->cls]++;
 }
 
 /* ---- thread exit, trim, fork ----------------------------------------------------- */
@@ -267,10 +274,11 @@ static void tiny_let_go(struct ss_slab *s) {
 }
 
 void tiny_thread_exit(void) {
+    tiny_merge_counts();
     struct tiny_heap *h = hak_tc.heap;
     if (h == NULL) return;
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        if (hak_tc.count[cls]) tiny_give_back(h, cls, hak_tc.count[cls]);
+        if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
         for (int l = 0; l < 3; l++) {
             for (struct ss_slab *s = lists[l], *next; s; s = next) {
@@ -291,7 +299,7 @@ bool tiny_trim(void) {
     struct tiny_heap *h = hak_tc.heap;
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (h == NULL) break;
-        if (hak_tc.count[cls]) tiny_give_back(h, cls, hak_tc.count[cls]);
+        if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
         struct ss_slab *lists[] = {h->avail[cls], h->full[cls]};
         for (int l = 0; l < 2; l++) {
             for (struct ss_slab *s = lists[l], *next; s; s = next) {
@@ -336,6 +344,7 @@ void tiny_fork_child(void) {
 }
 
 void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]) {
+    tiny_merge_counts();
     for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
         st[c].allocs = atomic_load(&tiny_st[c][ST_ALLOCS]);
         st[c].frees = atomic_load(&tiny_st[c][ST_FREES]);

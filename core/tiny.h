@@ -9,7 +9,6 @@
 #ifndef HAK_TINY_H
 #define HAK_TINY_H
 
-#include "box/config.h"
 #include "box/diag.h"
 #include "superslab/ss.h"
 #include "tcache.h"
@@ -19,17 +18,16 @@
 void *tiny_alloc_slow(uint32_t cls);
 void tiny_free_slow(void *p, uint32_t cls);
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn);
-void tiny_count_op(uint32_t cls, bool is_free);
 
-static inline void *tiny_alloc(uint32_t cls) {
+HAK_INLINE void *tiny_alloc(uint32_t cls) {
     void *p = tc_pop(cls);
     if (hak_unlikely(p == NULL)) return tiny_alloc_slow(cls);
-    if (hak_unlikely(hak_cfg.stats)) tiny_count_op(cls, false);
+    hak_tc.allocs[cls]++;
     return p;
 }
 
 /* Free p, whose region entry says RMAP_TINY; `fn` names the API call. */
-static inline void tiny_free(void *p, const char *fn) {
+HAK_INLINE void tiny_free(void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
     if (hak_unlikely(ss_block_index(s, p) < 0)) diag_bad_pointer(fn, "invalid pointer", p);
     if (hak_unlikely(atomic_load_explicit(&s->owner, memory_order_relaxed) != hak_tc.heap)) {
@@ -39,16 +37,16 @@ static inline void tiny_free(void *p, const char *fn) {
     uint32_t cls = s->cls;
     /* The cheapest double-free check: the block freed last in this class. */
     if (hak_unlikely(hak_tc.head[cls] == p)) diag_bad_pointer(fn, "double free", p);
-    if (hak_unlikely(hak_cfg.stats)) tiny_count_op(cls, true);
-    if (hak_unlikely(hak_tc.count[cls] >= hak_tc.cap[cls])) {
+    hak_tc.frees[cls]++;
+    if (hak_unlikely(!tc_reserve(cls))) {
         tiny_free_slow(p, cls);
         return;
     }
-    tc_push(cls, p);
+    tc_push_reserved(cls, p);
 }
 
 /* Block size of p (RMAP_TINY); aborts naming p when it is not a block. */
-static inline size_t tiny_usable_size(const void *p, const char *fn) {
+HAK_INLINE size_t tiny_usable_size(const void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
     if (ss_block_index(s, p) < 0) diag_bad_pointer(fn, "invalid pointer", p);
     return s->size;
@@ -66,7 +64,7 @@ void tiny_fork_parent(void);
 void tiny_fork_child(void);
 
 struct tiny_class_stats {
-    uint64_t allocs, frees; /* counted only with HAKMEM_STATS=1 */
+    uint64_t allocs, frees; /* exited threads' and the caller's */
     uint64_t refills, flushes, remote_frees, adopted;
 };
 void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]);

@@ -47,7 +47,7 @@ static void test_cache_capped_and_spills(void **state) {
     uint64_t before = flushes();
     for (int i = 0; i < N; i++)
         free(blocks[i]);
-    assert_true(hak_tc.count[cls] <= small_class_cap[cls]);
+    assert_true(tc_count(cls) <= small_class_cap[cls]);
     /* 1000 frees through a small cache spill in batches of half its size. */
     assert_true(flushes() >= before + (N - small_class_cap[cls]) / (small_class_cap[cls] / 2));
 }
@@ -131,11 +131,11 @@ static void test_trim_empties_this_threads_cache(void **state) {
     void *p = malloc(5000), *q = malloc(100);
     free(p);
     free(q);
-    assert_true(hak_tc.count[small_class_of(5000)] > 0);
-    assert_true(hak_tc.count[small_class_of(100)] > 0);
+    assert_true(tc_count(small_class_of(5000)) > 0);
+    assert_true(tc_count(small_class_of(100)) > 0);
     malloc_trim(0);
     for (int c = 0; c < SMALL_NCLASSES; c++)
-        assert_int_equal(hak_tc.count[c], 0);
+        assert_int_equal(tc_count(c), 0);
 }
 
 static void test_block_past_region_end_rejected(void **state) {

@@ -53,7 +53,7 @@ void stats_print(int fd) {
     large_get_stats(&l);
     ss_get_stats(&t);
     struct diag_buf b = {.n = 0};
-    diag_str(&b, "hakmem: stats (per-class allocs/frees are counted only with HAKMEM_STATS=1)\n");
+    diag_str(&b, "hakmem: stats (allocs/frees: exited threads and this one)\n");
     diag_flush(&b, fd);
     stats_tiny(fd);
     stats_line(fd, "slot.stage1_empty_same", t.stage1);

@@ -56,11 +56,11 @@ struct superslab {
 };
 _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0");
 
-static inline struct superslab *ss_of(const void *p) {
+HAK_INLINE struct superslab *ss_of(const void *p) {
     return (struct superslab *)((uintptr_t)p & ~(uintptr_t)(SS_SIZE - 1));
 }
 
-static inline struct ss_slab *ss_slab_of(const void *p) {
+HAK_INLINE struct ss_slab *ss_slab_of(const void *p) {
     return &ss_of(p)->slab[((uintptr_t)p >> SS_SLOT_SHIFT) & (SS_NSLOTS - 1)];
 }
 
@@ -72,7 +72,7 @@ static inline uint8_t *ss_slab_base(const struct ss_slab *s) {
 
 /* Index of block p in its slab, or -1 when p is not a block start that was
  * ever carved. */
-static inline int32_t ss_block_index(const struct ss_slab *s, const void *p) {
+HAK_INLINE int32_t ss_block_index(const struct ss_slab *s, const void *p) {
     uint32_t off = (uint32_t)((uintptr_t)p & (SS_SLOT_SIZE - 1));
     uint32_t idx = (uint32_t)(((uint64_t)off * s->magic) >> 42); /* exact for off < 2^16 */
     return (idx * s->size == off && idx < s->carved) ? (int32_t)idx : -1;
