@@ -36,9 +36,9 @@ HAK_INLINE bool small_is_block(const void *p, uint32_t cls) {
 /* Free p, whose region entry says class cls. `fn` names the API call for the
  * error message. */
 HAK_INLINE void small_free(void *p, uint32_t cls, const char *fn) {
-    if (hak_unlikely(!small_is_block(p, cls))) diag_bad_pointer(fn, "invalid pointer", p);
+    if (hak_unlikely(!small_is_block(p, cls))) return diag_reject(fn, "invalid pointer", p);
     /* The cheapest double-free check: the block freed last in this class. */
-    if (hak_unlikely(hak_tc.head[cls] == p)) diag_bad_pointer(fn, "double free", p);
+    if (hak_unlikely(hak_tc.head[cls] == p)) return diag_reject(fn, "double free", p);
     /* Tiny-class blocks of this tier must not mix with Tiny's cached ones:
      * a cap of 0 sends them (and uncached threads' frees) to the slow path. */
     if (hak_unlikely(cls < TINY_NCLASSES || !tc_reserve(cls))) {

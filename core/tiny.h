@@ -29,14 +29,14 @@ HAK_INLINE void *tiny_alloc(uint32_t cls) {
 /* Free p, whose region entry says RMAP_TINY; `fn` names the API call. */
 HAK_INLINE void tiny_free(void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
-    if (hak_unlikely(ss_block_index(s, p) < 0)) diag_bad_pointer(fn, "invalid pointer", p);
+    if (hak_unlikely(ss_block_index(s, p) < 0)) return diag_reject(fn, "invalid pointer", p);
     if (hak_unlikely(atomic_load_explicit(&s->owner, memory_order_relaxed) != hak_tc.heap)) {
         tiny_free_remote(p, s, fn);
         return;
     }
     uint32_t cls = s->cls;
     /* The cheapest double-free check: the block freed last in this class. */
-    if (hak_unlikely(hak_tc.head[cls] == p)) diag_bad_pointer(fn, "double free", p);
+    if (hak_unlikely(hak_tc.head[cls] == p)) return diag_reject(fn, "double free", p);
     hak_tc.frees[cls]++;
     if (hak_unlikely(!tc_reserve(cls))) {
         tiny_free_slow(p, cls);

@@ -64,3 +64,7 @@ void diag_bad_pointer(const char *fn, const char *what, const void *p) {
     diag_flush(&b, 2);
     abort();
 }
+
+void diag_reject(const char *fn, const char *what, const void *p) {
+    diag_bad_pointer(fn, what, p);
+}

@@ -9,6 +9,11 @@
 /* "hakmem: <fn>(): <what> 0x<ptr>" on stderr, then abort(). */
 _Noreturn void diag_bad_pointer(const char *fn, const char *what, const void *p);
 
+/* The same, for hot paths: deliberately not declared noreturn, so a caller
+ * can reach it with a tail jump and needs no stack frame of its own. It
+ * never returns. */
+__attribute__((cold)) void diag_reject(const char *fn, const char *what, const void *p);
+
 /* One line "hakmem: <msg>" on stderr. */
 void diag_warn(const char *msg);
 

@@ -4,14 +4,18 @@
 
 #include "box/os.h"
 
-_Atomic(uint32_t *) rmap_root[RMAP_ROOT_N];
+/* Every root slot starts at this all-zero leaf (never written), so a lookup
+ * needs no NULL test: an address in an unused 128 GiB reads RMAP_NONE. */
+uint32_t rmap_empty_leaf[RMAP_LEAF_N];
+_Atomic(uint32_t *) rmap_root[RMAP_ROOT_N] = {[0 ... RMAP_ROOT_N - 1] = rmap_empty_leaf};
 
 #define RMAP_LEAF_BYTES (RMAP_LEAF_N * sizeof(uint32_t))
 
 static uint32_t *rmap_leaf(uintptr_t region, bool create) {
     _Atomic(uint32_t *) *slot = &rmap_root[region >> RMAP_LEAF_BITS];
     uint32_t *leaf = atomic_load_explicit(slot, memory_order_acquire);
-    if (leaf || !create) return leaf;
+    if (leaf != rmap_empty_leaf) return leaf;
+    if (!create) return NULL;
     uint32_t *fresh = os_map_aligned(RMAP_LEAF_BYTES, HAK_PAGE_SIZE);
     if (fresh == NULL) return NULL;
     if (atomic_compare_exchange_strong_explicit(slot, &leaf, fresh, memory_order_acq_rel,

@@ -6,8 +6,9 @@
  * SuperSlabs; for a mapping that spans
  * several regions, how many regions back its first one is). A two-level
  * radix table with a static root: lookups are two dependent loads, leaves are
- * mapped on first use, and an address hakmem never mapped reads as RMAP_NONE
- * without any initialisation. */
+ * mapped on first use (until then a slot points at a shared all-zero leaf),
+ * and an address hakmem never mapped reads as RMAP_NONE without any
+ * initialisation. */
 #ifndef HAK_RMAP_H
 #define HAK_RMAP_H
 
@@ -26,8 +27,9 @@ enum rmap_kind { RMAP_NONE = 0, RMAP_SMALL = 1, RMAP_LARGE = 2, RMAP_TINY = 3 };
 #define RMAP_LEAF_N    ((size_t)1 << RMAP_LEAF_BITS)
 
 extern _Atomic(uint32_t *) rmap_root[RMAP_ROOT_N];
+extern uint32_t rmap_empty_leaf[RMAP_LEAF_N];
 
-static inline uint32_t rmap_entry(uint32_t kind, uint32_t payload) {
+HAK_INLINE uint32_t rmap_entry(uint32_t kind, uint32_t payload) {
     return kind | payload << 8;
 }
 static inline uint32_t rmap_kind_of(uint32_t e) {
@@ -43,10 +45,9 @@ HAK_INLINE uint32_t rmap_get(const void *p) {
     uintptr_t r = (uintptr_t)p >> HAK_REGION_SHIFT;
     uintptr_t hi = r >> RMAP_LEAF_BITS;
     if (hak_unlikely(hi >= RMAP_ROOT_N)) return 0;
-    /* Acquire pairs with the release in rmap_set: an entry seen implies the
-     * leaf it sits in is visible. */
+    /* Acquire pairs with the leaf's installation: its zeroed entries are
+     * visible before the pointer. */
     uint32_t *leaf = atomic_load_explicit(&rmap_root[hi], memory_order_acquire);
-    if (hak_unlikely(leaf == NULL)) return 0;
     return atomic_load_explicit((_Atomic uint32_t *)&leaf[r & (RMAP_LEAF_N - 1)],
                                 memory_order_relaxed);
 }

@@ -25,7 +25,7 @@ HAK_INLINE void *front_alloc_class(uint32_t cls) {
  * anything hakmem did not hand out aborts with a message naming it. */
 HAK_INLINE void front_free(void *p, const char *fn) {
     uint32_t e = rmap_get(p);
-    if (hak_likely(rmap_kind_of(e) == RMAP_TINY)) {
+    if (hak_likely(e == rmap_entry(RMAP_TINY, 0))) { /* Tiny entries carry no payload */
         tiny_free(p, fn);
         return;
     }
@@ -37,7 +37,7 @@ HAK_INLINE void front_free(void *p, const char *fn) {
         large_free(p, e, fn);
         return;
     }
-    if (p != NULL) diag_bad_pointer(fn, "invalid pointer", p);
+    if (p != NULL) diag_reject(fn, "invalid pointer", p);
 }
 
 #endif
