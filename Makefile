@@ -18,7 +18,7 @@ BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden \
 RELEASE_CFLAGS := $(BASE_CFLAGS) -O2 -DNDEBUG -g
 DEBUG_CFLAGS   := $(BASE_CFLAGS) -O1 -g -DHAK_DEBUG
 
-.PHONY: all release debug tests test bench bench-bins install clean format
+.PHONY: all release debug tests test bench bench-bins bench-instr install clean format
 
 all: release
 
@@ -88,6 +88,13 @@ bench:
 	@bench/deps.sh
 	@$(MAKE) --no-print-directory bench-bins
 	@bench/run.sh
+
+# Instructions per malloc+free pair (valgrind --tool=callgrind), hakmem vs
+# the other allocators: deterministic, unlike timings on a shared machine.
+bench-instr:
+	@bench/deps.sh
+	@$(MAKE) --no-print-directory bench-bins
+	@bench/instr.sh
 
 # ---- install -----------------------------------------------------------------
 install: release
