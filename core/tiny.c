@@ -158,29 +158,34 @@ static struct ss_slab *tiny_adopt(struct tiny_heap *h, uint32_t cls) {
     return s;
 }
 
+/* Move every full slab of cls that got remote frees to the avail list. The
+ * owner's bit is set only when a slab's remote list turns non-empty, so all
+ * of them must be collected when it is seen, not just the first. */
+static void tiny_collect_remote(struct tiny_heap *h, uint32_t cls) {
+    uint32_t bit = 1u << cls;
+    if (!(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & bit)) return;
+    atomic_fetch_and_explicit(&h->remote_pending, ~bit, memory_order_relaxed);
+    for (struct ss_slab *s = h->full[cls], *next; s; s = next) {
+        next = s->next;
+        if (atomic_load_explicit(&s->remote, memory_order_relaxed)) {
+            tiny_list_unlink(h, s);
+            tiny_list_push(h, s, WHERE_AVAIL);
+        }
+    }
+}
+
 /* The current slab of cls ran dry: find the next one. */
 static struct ss_slab *tiny_next_slab(struct tiny_heap *h, uint32_t cls) {
     struct ss_slab *old = h->cur[cls], *s;
     h->cur[cls] = NULL;
     if (old) tiny_list_push(h, old, WHERE_FULL);
-
+    tiny_collect_remote(h, cls);
     if ((s = h->avail[cls]) != NULL) {
         tiny_list_unlink(h, s);
-    } else {
-        uint32_t bit = 1u << cls;
-        if (atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & bit) {
-            /* Some full slab got blocks back from other threads. */
-            atomic_fetch_and_explicit(&h->remote_pending, ~bit, memory_order_relaxed);
-            for (s = h->full[cls]; s; s = s->next)
-                if (atomic_load_explicit(&s->remote, memory_order_relaxed)) break;
-            if (s) tiny_list_unlink(h, s);
-        }
-        if (s == NULL) s = tiny_adopt(h, cls);
-        if (s == NULL) {
-            s = ss_acquire(cls, small_class_size[cls]);
-            if (s == NULL) return NULL;
-            atomic_store_explicit(&s->owner, h, memory_order_release);
-        }
+    } else if ((s = tiny_adopt(h, cls)) == NULL) {
+        s = ss_acquire(cls, small_class_size[cls]);
+        if (s == NULL) return NULL;
+        atomic_store_explicit(&s->owner, h, memory_order_release);
     }
     s->where = WHERE_CUR;
     h->cur[cls] = s;
