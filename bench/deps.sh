@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install the allocators that bench/run.sh compares hakmem against (Debian's
-# mimalloc and jemalloc). Idempotent: does nothing when they are installed, and
-# runs `apt-get update` at most once, only when something must be installed.
+# mimalloc and jemalloc), and valgrind for bench/instr.sh. Idempotent: does
+# nothing when they are installed, and runs `apt-get update` at most once, only
+# when something must be installed.
 set -euo pipefail
 
-pkgs=(libmimalloc2.0 libjemalloc2)
+pkgs=(libmimalloc2.0 libjemalloc2 valgrind)
 
 missing=()
 for p in "${pkgs[@]}"; do

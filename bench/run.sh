@@ -35,6 +35,9 @@ fi
 # words are put in its environment. To add a workload, add a line here.
 # Iteration counts are picked so that one run takes ~0.2-0.5 s under glibc on
 # the reference machine (random_mixed keeps the 1M iterations of its spec).
+# larson's arguments are threads, rounds, chunk (slots per thread), seed;
+# HAKMEM_BENCH_STEPS is its steps per thread per round. remote_free's
+# HAKMEM_BENCH_QUEUE is the queue capacity (blocks in flight).
 workload_table() {
     cat <<'EOF'
 # name                      env / binary / args (iters, then bench-specific)
@@ -44,6 +47,9 @@ fixed_size_16               bench_fixed_size 30000000 16 42
 fixed_size_64               bench_fixed_size 30000000 64 42
 fixed_size_256              bench_fixed_size 15000000 256 42
 fixed_size_1024             bench_fixed_size 10000000 1024 42
+larson_8-1000_1t            HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=1000 HAKMEM_BENCH_STEPS=4000 bench_larson 1 6000 1000 42
+larson_8-1000_2t            HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=1000 HAKMEM_BENCH_STEPS=4000 bench_larson 2 500 1000 42
+remote_free_16-1024         HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 HAKMEM_BENCH_QUEUE=1024 bench_remote_free 800000 42
 EOF
 }
 
@@ -71,8 +77,10 @@ spec_binary() {
     done
 }
 
-# Build the bench binaries (these targets do not need the library to build).
-bins=()
+# Build the bench binaries (these targets do not need the library to build);
+# bench_fixed_size always, for the preflight below.
+PROBE=bench_fixed_size
+bins=("$OUT/$PROBE")
 for spec in "${wl_specs[@]}"; do
     b=$(spec_binary "$spec")
     [ -f "bench/$b.c" ] || {
@@ -158,8 +166,10 @@ rm -f "$OUT"/logs/*.log
 # Preflight: check that a preloaded library really takes over malloc/free.
 # Otherwise ld.so may silently fall back to glibc and we would report glibc's
 # numbers under another name. Such an allocator's runs are all FAILED.
+# The probe is bench_fixed_size with a tiny iteration count, whichever
+# workloads are selected (its first argument is an iteration count).
 declare -A BROKEN=()
-probe=$(spec_binary "${wl_specs[0]}")
+probe=$PROBE
 for a in "${allocs[@]}"; do
     so=${SO[$a]}
     [ -z "$so" ] && continue
