@@ -99,10 +99,14 @@ static struct tiny_heap *tiny_heap_get(void) {
 static void tiny_drain(struct ss_slab *s) {
     void *list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
     if (list == NULL) return;
+    /* A list longer than the blocks out can only come from a double free
+     * by another thread (it may even loop): stop and say so. */
     uint32_t n = 1;
     void *last = list;
-    for (; *(void **)last; n++)
+    for (; *(void **)last; n++) {
+        if (hak_unlikely(n >= s->used)) diag_bad_pointer("free", "double free", *(void **)last);
         last = *(void **)last;
+    }
     *(void **)last = s->free;
     s->free = list;
     s->used = (uint16_t)(s->used - n);
@@ -246,20 +250,24 @@ void tiny_free_slow(void *p, uint32_t cls) {
 
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
     if (s->state != SS_ACTIVE) diag_bad_pointer(fn, "invalid pointer", p);
+    /* Read all we need of the descriptor first: once p is on the remote list
+     * the owner may drain it, give the slab back and the SuperSlab may be
+     * unmapped. After the CAS only the heap (never unmapped) is touched. */
+    uint32_t cls = s->cls;
+    struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_relaxed);
     void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
     do {
+        if (hak_unlikely(old == p)) diag_bad_pointer(fn, "double free", p);
         *(void **)p = old;
     } while (!atomic_compare_exchange_weak_explicit(&s->remote, &old, p, memory_order_release,
                                                     memory_order_relaxed));
-    if (old == NULL) {
-        /* First block back since the owner last looked: tell it, in case
-         * the slab sits on its full list. */
-        struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_relaxed);
-        if (h != SS_NO_OWNER)
-            atomic_fetch_or_explicit(&h->remote_pending, 1u << s->cls, memory_order_relaxed);
-    }
-    tiny_stat(s->cls, ST_REMOTE, 1);
-    hak_tc.frees[s->cls]++;
+    /* First block back since the owner last looked: tell it, in case the
+     * slab sits on its full list. (An owner that changed since the read
+     * above is told nothing; the block waits for the slab's next drain.) */
+    if (old == NULL && h != SS_NO_OWNER)
+        atomic_fetch_or_explicit(&h->remote_pending, 1u << cls, memory_order_relaxed);
+    tiny_stat(cls, ST_REMOTE, 1);
+    hak_tc.frees[cls]++;
 }
 
 /* ---- thread exit, trim, fork ----------------------------------------------------- */
@@ -314,6 +322,10 @@ bool tiny_trim(void) {
                     tiny_list_unlink(h, s);
                     ss_release(s);
                     any = true;
+                } else if (s->free && s->where == WHERE_FULL) {
+                    /* Drained blocks: refills must find this slab again. */
+                    tiny_list_unlink(h, s);
+                    tiny_list_push(h, s, WHERE_AVAIL);
                 }
             }
         }

@@ -48,7 +48,9 @@ HAK_INLINE void tiny_free(void *p, const char *fn) {
 /* Block size of p (RMAP_TINY); aborts naming p when it is not a block. */
 HAK_INLINE size_t tiny_usable_size(const void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
-    if (ss_block_index(s, p) < 0) diag_bad_pointer(fn, "invalid pointer", p);
+    /* An EMPTY slab keeps its carved count; its blocks are all free. */
+    if (ss_block_index(s, p) < 0 || s->state != SS_ACTIVE)
+        diag_bad_pointer(fn, "invalid pointer", p);
     return s->size;
 }
 

@@ -1,7 +1,7 @@
-/* Memory freed by other threads comes back to its owner: two threads that
- * keep handing their blocks to each other (the Larson pattern) must run in
- * bounded memory. A refill once collected only the first full slab that had
- * remote frees, stranding the rest; memory then grew without bound. */
+/* Tiny blocks freed by other threads: they come back to their owner in
+ * bounded memory (the Larson pattern; malloc_trim between rounds), and a
+ * cross-thread double free or a stale pointer into an empty slab is
+ * reported, never followed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,8 +10,14 @@
 
 #include "superslab/ss.h"
 
+#include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 enum { SLOTS = 2000, STEPS = 4000, ROUNDS = 300 };
 
@@ -70,9 +76,137 @@ static void test_larson_pattern_runs_in_bounded_memory(void **state) {
             free(g_chunk[c][i]);
 }
 
+/* ---- malloc_trim between rounds --------------------------------------------- */
+
+enum { TRIM_BLOCKS = 65536, TRIM_ROUNDS = 16 };
+static void *g_blocks[TRIM_BLOCKS];
+
+/* Frees every block but the first of each slab: the slabs stay in use, with
+ * their free blocks on the remote lists. */
+static void *free_all_but_one_per_slab(void *arg) {
+    (void)arg;
+    uintptr_t last_slab = 0;
+    for (int i = 0; i < TRIM_BLOCKS; i++) {
+        uintptr_t slab = (uintptr_t)g_blocks[i] >> SS_SLOT_SHIFT;
+        if (slab != last_slab) {
+            last_slab = slab; /* keep this one */
+            continue;
+        }
+        free(g_blocks[i]);
+        g_blocks[i] = NULL;
+    }
+    return NULL;
+}
+
+static void test_trim_does_not_strand_drained_slabs(void **state) {
+    (void)state;
+    static void *survivors[TRIM_BLOCKS];
+    int nsurv = 0;
+    struct ss_stats before, after;
+    ss_get_stats(&before);
+    for (int r = 0; r < TRIM_ROUNDS; r++) {
+        for (int i = 0; i < TRIM_BLOCKS; i++)
+            g_blocks[i] = malloc(64);
+        pthread_t t;
+        pthread_create(&t, NULL, free_all_but_one_per_slab, NULL);
+        pthread_join(t, NULL);
+        malloc_trim(0); /* drains this thread's slabs */
+        /* One long-lived block per slab keeps every slab in use. */
+        for (int i = 0; i < TRIM_BLOCKS; i++)
+            if (g_blocks[i]) survivors[nsurv++] = g_blocks[i];
+    }
+    ss_get_stats(&after);
+    for (int i = 0; i < nsurv; i++)
+        free(survivors[i]);
+    /* The drained slabs hold ~65000 free blocks per round: two SuperSlabs
+     * serves every round. Stranded slabs needed a fresh one each round. */
+    uint64_t mapped =
+        (after.stage3_os + after.stage3_cache) - (before.stage3_os + before.stage3_cache);
+    if (mapped > 6)
+        fail_msg("%llu SuperSlabs taken over %d rounds", (unsigned long long)mapped, TRIM_ROUNDS);
+}
+
+/* ---- bad input from other threads ---------------------------------------------- */
+
+/* Run fn in a child; it must die of SIGABRT with one "hakmem: <want>" line. */
+static void expect_abort(void (*fn)(void), const char *want) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        alarm(10); /* a hang is a failure too */
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    char buf[512] = {0};
+    ssize_t n = 0, r;
+    while ((r = read(fds[0], buf + n, sizeof buf - 1 - (size_t)n)) > 0)
+        n += r;
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGABRT)
+        fail_msg("child did not abort (status %d), stderr: %s", st, buf);
+    if (strstr(buf, want) == NULL) fail_msg("expected '%s' in: %s", want, buf);
+}
+
+static void *g_victim;
+static void *free_victim_twice(void *arg) {
+    (void)arg;
+    free(g_victim);
+    free(g_victim); /* its slab is another thread's: a remote double free */
+    return NULL;
+}
+
+static void remote_double_free(void) {
+    g_victim = malloc(24);
+    pthread_t t;
+    pthread_create(&t, NULL, free_victim_twice, NULL);
+    pthread_join(t, NULL);
+    for (int i = 0; i < 5000; i++)
+        free(malloc(24)); /* the owner drains */
+}
+
+static void test_remote_double_free_reported(void **state) {
+    (void)state;
+    expect_abort(remote_double_free, "hakmem: free(): double free 0x");
+}
+
+static void *alloc_free_exit(void *arg) {
+    (void)arg;
+    g_victim = malloc(100);
+    free(g_victim); /* at exit the slab is empty and goes back EMPTY */
+    return NULL;
+}
+
+static void stale_usable_size(void) {
+    pthread_t t;
+    pthread_create(&t, NULL, alloc_free_exit, NULL);
+    pthread_join(t, NULL);
+    (void)malloc_usable_size(g_victim);
+}
+
+static void stale_realloc(void) {
+    pthread_t t;
+    pthread_create(&t, NULL, alloc_free_exit, NULL);
+    pthread_join(t, NULL);
+    memset(realloc(g_victim, 90), 0x41, 90);
+}
+
+static void test_stale_pointer_into_empty_slab_rejected(void **state) {
+    (void)state;
+    expect_abort(stale_usable_size, "hakmem: malloc_usable_size(): invalid pointer 0x");
+    expect_abort(stale_realloc, "hakmem: realloc(): invalid pointer 0x");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_larson_pattern_runs_in_bounded_memory),
+        cmocka_unit_test(test_trim_does_not_strand_drained_slabs),
+        cmocka_unit_test(test_remote_double_free_reported),
+        cmocka_unit_test(test_stale_pointer_into_empty_slab_rejected),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
