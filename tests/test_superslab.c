@@ -1,0 +1,584 @@
+/* SuperSlab slot management, driven directly through ss_acquire/ss_release:
+ * slab geometry, the three acquire stages (own EMPTY slab, UNUSED slot or
+ * another class's EMPTY slab re-cut, cached or new SuperSlab), and what
+ * happens to a SuperSlab whose slots all came back (cached decommitted,
+ * unmapped, trimmed).
+ *
+ * The stage an acquire takes depends on every slab in the process, so each
+ * test first brings the SuperSlab state to a known point: it acquires slabs
+ * until one comes from stage 3 (by then no EMPTY slab of any class and no
+ * UNUSED slot of a mapped SuperSlab is left) and keeps everything it took
+ * until the teardown. Between two snapshots of the counters a test calls
+ * neither malloc nor free, so no Tiny refill can take a slot under it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "box/config.h"
+#include "box/os.h"
+#include "box/rmap.h"
+#include "sizeclass.h"
+#include "superslab/ss.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* Classes the tests acquire directly (768 B and 896 B blocks). */
+#define CLS_A 17u
+#define CLS_B 18u
+
+#define DATA_SLOTS (SS_NSLOTS - SS_FIRST_SLOT) /* 31 */
+
+/* Slabs taken only to reach a known state; released by the teardown. */
+#define HELD_MAX 4096
+static struct ss_slab *g_held[HELD_MAX];
+static int g_held_n;
+
+static void hold(struct ss_slab *s) {
+    assert_true(g_held_n < HELD_MAX);
+    g_held[g_held_n++] = s;
+}
+
+static int release_held(void **state) {
+    (void)state;
+    while (g_held_n > 0)
+        ss_release(g_held[--g_held_n]);
+    hak_cfg.ss_cache = 8;
+    return 0;
+}
+
+static struct ss_stats stats(void) {
+    struct ss_stats st;
+    ss_get_stats(&st);
+    return st;
+}
+
+enum stage { ST_NONE, ST_1, ST_2, ST_2_RECLASS, ST_3_CACHE, ST_3_OS };
+
+/* Which stage served the acquire between two snapshots; ST_NONE unless
+ * exactly one stage counter moved, by one. */
+static enum stage stage_between(const struct ss_stats *a, const struct ss_stats *b) {
+    uint64_t d[] = {b->stage1 - a->stage1, b->stage2 - a->stage2,
+                    b->stage2_reclass - a->stage2_reclass, b->stage3_cache - a->stage3_cache,
+                    b->stage3_os - a->stage3_os};
+    enum stage which = ST_NONE;
+    for (int i = 0; i < 5; i++) {
+        if (d[i] == 0) continue;
+        if (d[i] != 1 || which != ST_NONE) return ST_NONE;
+        which = (enum stage)(i + 1);
+    }
+    return which;
+}
+
+static struct ss_slab *acquire(uint32_t cls, enum stage *stage) {
+    struct ss_stats a = stats();
+    struct ss_slab *s = ss_acquire(cls, small_class_size[cls]);
+    struct ss_stats b = stats();
+    assert_non_null(s);
+    *stage = stage_between(&a, &b);
+    assert_true(*stage != ST_NONE);
+    return s;
+}
+
+static uint32_t slot_of(const struct ss_slab *s) {
+    return (uint32_t)(s - ss_of(s)->slab);
+}
+
+/* Acquire slabs of cls until one comes from stage 3, keeping the others;
+ * then every slot of that new SuperSlab for cls into out[0..30]. Afterwards
+ * no SuperSlab has an UNUSED slot and no class has an EMPTY slab. */
+static struct superslab *take_whole_superslab(uint32_t cls, struct ss_slab *out[DATA_SLOTS],
+                                              enum stage *first) {
+    enum stage st = ST_NONE;
+    struct ss_slab *s = NULL;
+    for (int i = 0; i < HELD_MAX; i++) {
+        s = acquire(cls, &st);
+        if (st == ST_3_CACHE || st == ST_3_OS) break;
+        hold(s);
+    }
+    assert_true(st == ST_3_CACHE || st == ST_3_OS);
+    if (first) *first = st;
+    struct superslab *ss = ss_of(s);
+    out[0] = s;
+    for (uint32_t i = 1; i < DATA_SLOTS; i++) {
+        out[i] = acquire(cls, &st);
+        assert_int_equal(st, ST_2);
+        assert_ptr_equal(ss_of(out[i]), ss);
+    }
+    return ss;
+}
+
+/* A slab of cls with n blocks carved and all of them on its free list, as
+ * tiny.c leaves one whose blocks all came back. */
+static void carve(struct ss_slab *s, uint32_t n) {
+    uint8_t *base = ss_slab_base(s);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *b = base + (size_t)i * s->size;
+        memset(b, 0xA0 + (int)(i & 15), s->size);
+        *(void **)b = i + 1 < n ? b + s->size : NULL;
+    }
+    s->free = n ? base : NULL;
+    s->carved = (uint16_t)n;
+    ss_note_carved((size_t)n * s->size);
+}
+
+static bool is_unmapped(const void *p) {
+    unsigned char v;
+    return mincore((void *)p, HAK_PAGE_SIZE, &v) == -1 && errno == ENOMEM;
+}
+
+/* ---- geometry ---------------------------------------------------------------- */
+
+static void test_acquire_geometry(void **state) {
+    (void)state;
+    const uint32_t classes[] = {0, 2, 5, 12, CLS_A, 19};
+    for (size_t c = 0; c < sizeof classes / sizeof classes[0]; c++) {
+        uint32_t cls = classes[c], size = small_class_size[cls];
+        enum stage st;
+        struct ss_slab *s = acquire(cls, &st);
+        hold(s);
+        struct superslab *ss = ss_of(s);
+        uint8_t *base = ss_slab_base(s);
+        assert_int_equal(s->state, SS_ACTIVE);
+        assert_int_equal(rmap_kind_of(rmap_get(s)), RMAP_TINY);
+        assert_int_equal(rmap_get(base), rmap_entry(RMAP_TINY, 0));
+        assert_int_equal(rmap_get((uint8_t *)ss + SS_SIZE - 1), rmap_entry(RMAP_TINY, 0));
+        assert_int_equal((uintptr_t)ss & (SS_SIZE - 1), 0);
+        assert_int_equal((uintptr_t)base & (SS_SLOT_SIZE - 1), 0);
+        assert_true(slot_of(s) >= SS_FIRST_SLOT && slot_of(s) < SS_NSLOTS);
+        assert_true(base >= (uint8_t *)ss + SS_SLOT_SIZE);
+        assert_int_equal(s->cls, cls);
+        assert_int_equal(s->size, size);
+        assert_int_equal(s->capacity, SS_SLOT_SIZE / size);
+        if (st != ST_1) {
+            assert_int_equal(s->carved, 0);
+            assert_null(s->free);
+        }
+        assert_int_equal(s->used, 0);
+        assert_null(atomic_load(&s->remote));
+        /* Every block, first and last byte, maps back to the slab. */
+        for (uint32_t k = 0; k < s->capacity; k++) {
+            assert_ptr_equal(ss_slab_of(base + (size_t)k * size), s);
+            assert_ptr_equal(ss_slab_of(base + (size_t)k * size + size - 1), s);
+        }
+        assert_ptr_not_equal(ss_slab_of(base + SS_SLOT_SIZE), s);
+        /* The whole slot is ours to write (a stage-1 slab keeps its free
+         * list in its blocks: only the never-carved tail then). */
+        memset(base + (size_t)s->carved * size, 0x5a, SS_SLOT_SIZE - (size_t)s->carved * size);
+        /* Block starts are recognised only once carved. */
+        uint16_t carved = s->carved;
+        assert_int_equal(ss_block_index(s, base + (size_t)carved * size), -1);
+        s->carved = s->capacity;
+        for (uint32_t k = 0; k < s->capacity; k += 7) {
+            assert_int_equal(ss_block_index(s, base + (size_t)k * size), (int32_t)k);
+            assert_int_equal(ss_block_index(s, base + (size_t)k * size + 8), -1);
+            if (size > 16) assert_int_equal(ss_block_index(s, base + (size_t)k * size + 16), -1);
+        }
+        s->carved = carved;
+    }
+}
+
+/* ---- stages 3 and 2: a new SuperSlab, then its UNUSED slots ---------------- */
+
+static void test_new_superslab_then_its_unused_slots(void **state) {
+    (void)state;
+    ss_trim(); /* no cached SuperSlab: stage 3 must map one */
+    struct ss_slab *s[DATA_SLOTS];
+    uint64_t mmaps = os_calls(OS_MMAP);
+    struct ss_stats before = stats();
+    enum stage first;
+    struct superslab *ss = take_whole_superslab(CLS_A, s, &first);
+    struct ss_stats after = stats();
+    assert_int_equal(first, ST_3_OS);
+    assert_int_equal(after.stage3_os - before.stage3_os, 1);
+    assert_int_equal(after.stage3_cache - before.stage3_cache, 0);
+    assert_int_equal(after.live - before.live, 1);
+    uint64_t dm = os_calls(OS_MMAP) - mmaps;
+    assert_true(dm >= 1 && dm <= 3); /* the SuperSlab (a region-map leaf at most) */
+    assert_true(after.stage2 - before.stage2 >= DATA_SLOTS - 1);
+    /* 31 distinct data slots of one SuperSlab, the header slot never. */
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < DATA_SLOTS; i++) {
+        assert_ptr_equal(ss_of(s[i]), ss);
+        uint32_t k = slot_of(s[i]);
+        assert_true(k >= SS_FIRST_SLOT);
+        assert_false(seen & (1u << k));
+        seen |= 1u << k;
+        assert_int_equal(s[i]->carved, 0);
+        assert_int_equal(s[i]->state, SS_ACTIVE);
+        hold(s[i]);
+    }
+    assert_int_equal(ss->slab[0].state, SS_UNUSED);
+    assert_int_equal(ss->nactive, DATA_SLOTS);
+    assert_int_equal(ss->unused_mask, 0);
+
+    /* Full: the next acquire needs another SuperSlab. */
+    mmaps = os_calls(OS_MMAP);
+    enum stage st;
+    struct ss_slab *next = acquire(CLS_A, &st);
+    hold(next);
+    assert_int_equal(st, ST_3_OS);
+    assert_ptr_not_equal(ss_of(next), ss);
+    assert_true(os_calls(OS_MMAP) > mmaps);
+    /* ... whose other slots stage 2 hands out, without a syscall. */
+    mmaps = os_calls(OS_MMAP);
+    struct ss_slab *again = acquire(CLS_B, &st);
+    hold(again);
+    assert_int_equal(st, ST_2);
+    assert_ptr_equal(ss_of(again), ss_of(next));
+    assert_int_equal(again->size, small_class_size[CLS_B]);
+    assert_int_equal(os_calls(OS_MMAP), mmaps);
+}
+
+/* ---- stage 1: the same class gets its own EMPTY slab back ------------------- */
+
+static void test_release_then_acquire_same_class_is_stage1(void **state) {
+    (void)state;
+    struct ss_slab *s[DATA_SLOTS];
+    take_whole_superslab(CLS_A, s, NULL);
+    for (uint32_t i = 1; i < DATA_SLOTS; i++)
+        hold(s[i]); /* keep the SuperSlab from retiring */
+    struct ss_slab *x = s[0];
+    carve(x, 40);
+    void *first_free = x->free;
+
+    struct ss_stats a = stats();
+    ss_release(x);
+    struct ss_stats b = stats();
+    assert_int_equal(b.releases - a.releases, 1);
+    assert_int_equal(b.retired - a.retired, 0);
+    assert_int_equal(x->state, SS_EMPTY);
+    assert_ptr_equal(atomic_load(&x->owner), SS_NO_OWNER);
+
+    enum stage st;
+    struct ss_slab *y = acquire(CLS_A, &st); /* held again below */
+    assert_int_equal(st, ST_1);
+    assert_ptr_equal(y, x);
+    assert_int_equal(y->state, SS_ACTIVE);
+    assert_int_equal(y->carved, 40);
+    assert_int_equal(y->size, small_class_size[CLS_A]);
+    assert_int_equal(y->used, 0);
+    /* The free list and the blocks' contents are as they were. */
+    assert_ptr_equal(y->free, first_free);
+    uint8_t *b0 = ss_slab_base(y);
+    uint32_t n = 0;
+    for (uint8_t *b = y->free; b; b = *(void **)b, n++) {
+        assert_ptr_equal(b, b0 + (size_t)n * y->size);
+        assert_int_equal(b[y->size - 1], 0xA0 + (n & 15));
+    }
+    assert_int_equal(n, 40);
+
+    /* Stage 1 comes before stage 2: with an UNUSED slot available (a new
+     * SuperSlab) and an EMPTY slab of the class, the EMPTY slab wins. */
+    struct ss_slab *z = acquire(CLS_B, &st); /* maps a SuperSlab with 30 UNUSED slots */
+    hold(z);
+    assert_true(st == ST_3_OS || st == ST_3_CACHE);
+    ss_release(y);
+    struct ss_slab *w = acquire(CLS_A, &st);
+    hold(w);
+    assert_int_equal(st, ST_1);
+    assert_ptr_equal(w, x);
+}
+
+static void *one_thread_alloc(void *arg) {
+    void **blocks = arg;
+    for (int i = 0; i < 20; i++)
+        blocks[i] = malloc(small_class_size[CLS_A]);
+    for (int i = 0; i < 20; i++)
+        free(blocks[i]);
+    return NULL; /* exit: the empty slab goes back with its blocks carved */
+}
+
+/* The same with real Tiny traffic: a thread's slab, all blocks back at its
+ * exit, comes back by stage 1 with every carved block on its free list. */
+static void test_stage1_after_thread_exit(void **state) {
+    (void)state;
+    struct ss_slab *s[DATA_SLOTS];
+    take_whole_superslab(CLS_B, s, NULL);
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        hold(s[i]);
+    /* One more SuperSlab, so the thread's slab shares it with a held one. */
+    enum stage st;
+    struct ss_slab *keep = acquire(CLS_B, &st);
+    hold(keep);
+    assert_true(st == ST_3_OS || st == ST_3_CACHE);
+
+    void *blocks[20];
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, one_thread_alloc, blocks), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    struct ss_slab *ts = ss_slab_of(blocks[0]);
+    assert_int_equal(rmap_get(blocks[0]), rmap_entry(RMAP_TINY, 0));
+    assert_int_equal(ts->state, SS_EMPTY);
+    assert_int_equal(ts->cls, CLS_A);
+    assert_true(ts->carved >= 20);
+
+    struct ss_slab *x = acquire(CLS_A, &st);
+    hold(x);
+    assert_int_equal(st, ST_1);
+    assert_ptr_equal(x, ts);
+    assert_int_equal(x->state, SS_ACTIVE);
+    /* Every carved block is on the free list, once. */
+    uint32_t n = 0;
+    uint64_t seen[SS_SLOT_SIZE / 16 / 64] = {0};
+    for (void *b = x->free; b; b = *(void **)b, n++) {
+        int32_t k = ss_block_index(x, b);
+        assert_true(k >= 0);
+        assert_false(seen[k / 64] & (1ull << (k % 64)));
+        seen[k / 64] |= 1ull << (k % 64);
+        assert_true(n < x->carved);
+    }
+    assert_int_equal(n, x->carved);
+    for (int i = 0; i < 20; i++) {
+        int32_t k = ss_block_index(x, blocks[i]);
+        assert_true(k >= 0 && (seen[k / 64] & (1ull << (k % 64))));
+    }
+}
+
+/* ---- stage 2 re-cut: another class's EMPTY slab ---------------------------- */
+
+static void test_empty_slab_of_other_class_is_recut(void **state) {
+    (void)state;
+    struct ss_slab *s[DATA_SLOTS];
+    take_whole_superslab(CLS_A, s, NULL);
+    for (uint32_t i = 1; i < DATA_SLOTS; i++)
+        hold(s[i]);
+    struct ss_slab *x = s[0];
+    carve(x, 10);
+    ss_release(x); /* the only EMPTY slab; no UNUSED slot anywhere */
+
+    uint64_t mmaps = os_calls(OS_MMAP);
+    enum stage st;
+    struct ss_slab *y = acquire(CLS_B, &st);
+    hold(y);
+    assert_int_equal(st, ST_2_RECLASS);
+    assert_ptr_equal(y, x);
+    assert_int_equal(os_calls(OS_MMAP), mmaps);
+    uint32_t size = small_class_size[CLS_B];
+    assert_int_equal(y->state, SS_ACTIVE);
+    assert_int_equal(y->cls, CLS_B);
+    assert_int_equal(y->size, size);
+    assert_int_equal(y->capacity, SS_SLOT_SIZE / size);
+    assert_int_equal(y->carved, 0);
+    assert_int_equal(y->used, 0);
+    assert_null(y->free);
+    assert_null(atomic_load(&y->remote));
+    uint8_t *base = ss_slab_base(y);
+    y->carved = 3;
+    assert_int_equal(ss_block_index(y, base + 2 * (size_t)size), 2);
+    assert_int_equal(ss_block_index(y, base + small_class_size[CLS_A]), -1);
+    y->carved = 0;
+}
+
+/* An UNUSED slot is preferred to re-cutting another class's EMPTY slab. */
+static void test_unused_slot_preferred_to_recut(void **state) {
+    (void)state;
+    struct ss_slab *s[DATA_SLOTS];
+    take_whole_superslab(CLS_A, s, NULL);
+    for (uint32_t i = 1; i < DATA_SLOTS; i++)
+        hold(s[i]);
+    ss_release(s[0]); /* EMPTY, class A */
+    enum stage st;
+    struct ss_slab *n = acquire(CLS_B, &st); /* no UNUSED slot: re-cut */
+    assert_int_equal(st, ST_2_RECLASS);
+    assert_ptr_equal(n, s[0]);
+
+    struct ss_slab *fresh = acquire(CLS_B, &st); /* a new SuperSlab */
+    hold(fresh);
+    assert_true(st == ST_3_OS || st == ST_3_CACHE);
+    ss_release(n); /* EMPTY, class B now */
+    struct ss_slab *a = acquire(CLS_A, &st);
+    hold(a);
+    assert_int_equal(st, ST_2); /* the new SuperSlab's UNUSED slot, not the B slab */
+    assert_ptr_equal(ss_of(a), ss_of(fresh));
+    struct ss_slab *b = acquire(CLS_B, &st);
+    hold(b);
+    assert_int_equal(st, ST_1);
+    assert_ptr_equal(b, s[0]);
+}
+
+/* ---- retiring a SuperSlab whose slots all came back ------------------------- */
+
+static void test_retired_superslab_cached_then_reused(void **state) {
+    (void)state;
+    hak_cfg.ss_cache = 1000;
+    struct ss_slab *s[DATA_SLOTS];
+    struct superslab *ss = take_whole_superslab(CLS_A, s, NULL);
+    for (uint32_t i = 0; i < DATA_SLOTS; i++) {
+        carve(s[i], 5);
+        memset(ss_slab_base(s[i]) + SS_SLOT_SIZE - 4096, 0x77, 4096);
+    }
+    uint64_t madv = os_calls(OS_MADVISE), unmaps = os_calls(OS_MUNMAP);
+    struct ss_stats a = stats();
+    for (uint32_t i = 0; i + 1 < DATA_SLOTS; i++)
+        ss_release(s[i]);
+    struct ss_stats b = stats();
+    assert_int_equal(b.releases - a.releases, DATA_SLOTS - 1);
+    assert_int_equal(b.retired, a.retired); /* one slot still out */
+    assert_int_equal(os_calls(OS_MADVISE), madv);
+    ss_release(s[DATA_SLOTS - 1]);
+    struct ss_stats c = stats();
+    assert_int_equal(c.retired - a.retired, 1);
+    assert_int_equal(c.cached - a.cached, 1);
+    assert_int_equal(c.unmapped, a.unmapped);
+    assert_int_equal(c.live, a.live);
+    assert_int_equal(os_calls(OS_MADVISE) - madv, 1);
+    assert_int_equal(os_calls(OS_MUNMAP), unmaps);
+    /* Every slot reset; the mapping stays Tiny's, its data pages dropped. */
+    for (uint32_t i = SS_FIRST_SLOT; i < SS_NSLOTS; i++) {
+        assert_int_equal(ss->slab[i].state, SS_UNUSED);
+        assert_int_equal(ss->slab[i].carved, 0);
+    }
+    assert_int_equal(ss->nactive, 0);
+    assert_int_equal(rmap_get(ss), rmap_entry(RMAP_TINY, 0));
+    assert_false(is_unmapped(ss_slab_base(s[3])));
+
+    /* The next stage-3 acquire takes it from the cache: no mmap. */
+    uint64_t mmaps = os_calls(OS_MMAP);
+    enum stage st;
+    struct ss_slab *x = acquire(CLS_B, &st);
+    hold(x);
+    struct ss_stats d = stats();
+    assert_int_equal(st, ST_3_CACHE);
+    assert_ptr_equal(ss_of(x), ss);
+    assert_int_equal(d.cached, c.cached - 1);
+    assert_int_equal(d.stage3_os, c.stage3_os);
+    assert_int_equal(os_calls(OS_MMAP), mmaps);
+    assert_int_equal(x->cls, CLS_B);
+    assert_int_equal(x->carved, 0);
+    assert_null(x->free);
+    /* Decommitted: the pages read as zero again. */
+    uint8_t *base = ss_slab_base(x);
+    for (size_t off = 0; off < SS_SLOT_SIZE; off += 512)
+        assert_int_equal(base[off], 0);
+    for (uint32_t i = 0; i < DATA_SLOTS; i++) {
+        uint8_t *p = ss_slab_base(s[i]) + SS_SLOT_SIZE - 1;
+        assert_int_equal(*p, 0);
+    }
+}
+
+static void test_retired_superslab_unmapped_without_cache(void **state) {
+    (void)state;
+    hak_cfg.ss_cache = 0;
+    ss_trim();
+    struct ss_slab *s[DATA_SLOTS];
+    struct superslab *ss = take_whole_superslab(CLS_A, s, NULL);
+    assert_int_equal(rmap_get(ss), rmap_entry(RMAP_TINY, 0));
+    uint64_t madv = os_calls(OS_MADVISE), unmaps = os_calls(OS_MUNMAP);
+    struct ss_stats a = stats();
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        ss_release(s[i]);
+    struct ss_stats b = stats();
+    assert_int_equal(b.retired - a.retired, 1);
+    assert_int_equal(b.unmapped - a.unmapped, 1);
+    assert_int_equal(b.cached, a.cached);
+    assert_int_equal(a.live - b.live, 1);
+    assert_int_equal(os_calls(OS_MUNMAP) - unmaps, 1);
+    assert_int_equal(os_calls(OS_MADVISE), madv);
+    assert_int_equal(rmap_get(ss), RMAP_NONE);
+    assert_int_equal(rmap_get((uint8_t *)ss + SS_SIZE - 1), RMAP_NONE);
+    assert_true(is_unmapped(ss));
+    assert_true(is_unmapped((uint8_t *)ss + SS_SIZE - HAK_PAGE_SIZE));
+
+    /* Nothing cached: the next SuperSlab comes from the OS. */
+    uint64_t mmaps = os_calls(OS_MMAP);
+    enum stage st;
+    hold(acquire(CLS_A, &st));
+    assert_int_equal(st, ST_3_OS);
+    assert_true(os_calls(OS_MMAP) > mmaps);
+}
+
+static void test_cache_bound_then_unmap(void **state) {
+    (void)state;
+    /* Room for exactly one more cached SuperSlab: the first retired one is
+     * cached, the second unmapped. */
+    struct ss_slab *s1[DATA_SLOTS], *s2[DATA_SLOTS];
+    struct superslab *ss1 = take_whole_superslab(CLS_A, s1, NULL);
+    struct superslab *ss2 = take_whole_superslab(CLS_A, s2, NULL);
+    assert_ptr_not_equal(ss1, ss2);
+    struct ss_stats a = stats();
+    hak_cfg.ss_cache = a.cached + 1;
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        ss_release(s1[i]);
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        ss_release(s2[i]);
+    struct ss_stats b = stats();
+    assert_int_equal(b.retired - a.retired, 2);
+    assert_int_equal(b.cached - a.cached, 1);
+    assert_int_equal(b.unmapped - a.unmapped, 1);
+    assert_int_equal(rmap_get(ss1), rmap_entry(RMAP_TINY, 0));
+    assert_int_equal(rmap_get(ss2), RMAP_NONE);
+}
+
+static void test_trim_unmaps_cached_superslabs(void **state) {
+    (void)state;
+    hak_cfg.ss_cache = 1000;
+    struct ss_slab *s1[DATA_SLOTS], *s2[DATA_SLOTS];
+    struct superslab *ss1 = take_whole_superslab(CLS_A, s1, NULL);
+    struct superslab *ss2 = take_whole_superslab(CLS_B, s2, NULL);
+    struct ss_stats a = stats();
+    for (uint32_t i = 0; i < DATA_SLOTS; i++) {
+        ss_release(s1[i]);
+        ss_release(s2[i]);
+    }
+    struct ss_stats b = stats();
+    assert_int_equal(b.cached - a.cached, 2);
+    assert_int_equal(b.unmapped, a.unmapped);
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    assert_true(ss_trim());
+    struct ss_stats c = stats();
+    assert_int_equal(c.cached, 0);
+    assert_int_equal(c.unmapped - b.unmapped, b.cached);
+    assert_int_equal(b.live - c.live, b.cached);
+    assert_int_equal(os_calls(OS_MUNMAP) - unmaps, b.cached);
+    assert_int_equal(rmap_get(ss1), RMAP_NONE);
+    assert_int_equal(rmap_get(ss2), RMAP_NONE);
+    assert_true(is_unmapped(ss1));
+    assert_true(is_unmapped(ss2));
+    /* Nothing left to trim. */
+    unmaps = os_calls(OS_MUNMAP);
+    assert_false(ss_trim());
+    assert_int_equal(os_calls(OS_MUNMAP), unmaps);
+}
+
+/* malloc_trim() goes through ss_trim too. */
+static void test_malloc_trim_unmaps_cached_superslabs(void **state) {
+    (void)state;
+    hak_cfg.ss_cache = 1000;
+    struct ss_slab *s[DATA_SLOTS];
+    struct superslab *ss = take_whole_superslab(CLS_A, s, NULL);
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        ss_release(s[i]);
+    assert_int_equal(rmap_get(ss), rmap_entry(RMAP_TINY, 0));
+    struct ss_stats a = stats();
+    assert_true(a.cached >= 1);
+    malloc_trim(0);
+    struct ss_stats b = stats();
+    assert_int_equal(b.cached, 0);
+    assert_true(b.unmapped - a.unmapped >= a.cached);
+    assert_int_equal(rmap_get(ss), RMAP_NONE);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_acquire_geometry, release_held),
+        cmocka_unit_test_teardown(test_new_superslab_then_its_unused_slots, release_held),
+        cmocka_unit_test_teardown(test_release_then_acquire_same_class_is_stage1, release_held),
+        cmocka_unit_test_teardown(test_stage1_after_thread_exit, release_held),
+        cmocka_unit_test_teardown(test_empty_slab_of_other_class_is_recut, release_held),
+        cmocka_unit_test_teardown(test_unused_slot_preferred_to_recut, release_held),
+        cmocka_unit_test_teardown(test_retired_superslab_cached_then_reused, release_held),
+        cmocka_unit_test_teardown(test_retired_superslab_unmapped_without_cache, release_held),
+        cmocka_unit_test_teardown(test_cache_bound_then_unmap, release_held),
+        cmocka_unit_test_teardown(test_trim_unmaps_cached_superslabs, release_held),
+        cmocka_unit_test_teardown(test_malloc_trim_unmaps_cached_superslabs, release_held),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

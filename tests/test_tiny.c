@@ -1,0 +1,1050 @@
+/* Tiny tier through malloc/free: the thread cache's pre-warm, remote frees
+ * under concurrency (no block lost, none handed out twice), the remote list
+ * itself, adoption of an exited thread's slabs, SuperSlabs going back to the
+ * OS, and the bad pointers Tiny must reject.
+ *
+ * Blocks are tracked by address in a "live map": one byte per 16-byte
+ * granule of every 2 MiB region seen, set when malloc hands the block out
+ * and cleared before it is freed; setting a set byte means the allocator
+ * handed out a block that was still live. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "box/config.h"
+#include "box/os.h"
+#include "box/rmap.h"
+#include "sizeclass.h"
+#include "superslab/ss.h"
+#include "tcache.h"
+#include "tiny.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MiB ((size_t)1 << 20)
+
+static uint64_t rng(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Test memory that is not hakmem's: anonymous mappings, zeroed. */
+static void *test_map(size_t n) {
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(p != MAP_FAILED);
+    return p;
+}
+
+/* ---- live map ------------------------------------------------------------------ */
+
+#define LM_SLOTS    4096u /* 2 MiB regions tracked (8 GiB) */
+#define LM_GRANULES (HAK_REGION_SIZE / 16)
+#define LM_LIVE     1u
+#define LM_MARK     2u /* test-defined: e.g. "was one of the first batch" */
+
+static _Atomic uintptr_t lm_key[LM_SLOTS];
+static _Atomic(_Atomic uint8_t *) lm_map[LM_SLOTS];
+static _Atomic uint64_t lm_errors;
+
+static _Atomic uint8_t *lm_granule(const void *p) {
+    uintptr_t r = ((uintptr_t)p >> HAK_REGION_SHIFT) + 1; /* never 0 */
+    uint32_t h = (uint32_t)((r * 0x9e3779b97f4a7c15ull) >> 52) & (LM_SLOTS - 1);
+    for (uint32_t probes = 0; probes < LM_SLOTS; probes++, h = (h + 1) & (LM_SLOTS - 1)) {
+        uintptr_t k = atomic_load(&lm_key[h]);
+        if (k == 0) {
+            if (atomic_compare_exchange_strong(&lm_key[h], &k, r)) {
+                _Atomic uint8_t *m = mmap(NULL, LM_GRANULES, PROT_READ | PROT_WRITE,
+                                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (m == MAP_FAILED) abort();
+                atomic_store(&lm_map[h], m);
+                k = r;
+            }
+        }
+        if (k != r) continue;
+        _Atomic uint8_t *m;
+        while ((m = atomic_load(&lm_map[h])) == NULL)
+            sched_yield();
+        return &m[((uintptr_t)p & (HAK_REGION_SIZE - 1)) >> 4];
+    }
+    abort(); /* table full */
+}
+
+/* p was just handed out; returns the granule's old flags. */
+static uint8_t lm_alloc(const void *p, uint8_t extra) {
+    if (p == NULL || ((uintptr_t)p & 15)) {
+        atomic_fetch_add(&lm_errors, 1);
+        return 0;
+    }
+    uint8_t old = atomic_fetch_or(lm_granule(p), (uint8_t)(LM_LIVE | extra));
+    if (old & LM_LIVE) atomic_fetch_add(&lm_errors, 1); /* handed out twice */
+    return old;
+}
+
+/* p is about to be freed. */
+static void lm_free(const void *p) {
+    uint8_t old = atomic_fetch_and(lm_granule(p), (uint8_t)~LM_LIVE);
+    if (!(old & LM_LIVE)) atomic_fetch_add(&lm_errors, 1); /* freed twice, or never live */
+}
+
+/* Live blocks in the map, and forget every mark. */
+static uint64_t lm_reset(void) {
+    uint64_t live = 0;
+    for (uint32_t h = 0; h < LM_SLOTS; h++) {
+        _Atomic uint8_t *m = atomic_load(&lm_map[h]);
+        if (m == NULL) continue;
+        uint64_t *w = (uint64_t *)m;
+        for (size_t i = 0; i < LM_GRANULES / 8; i++) {
+            if (w[i] == 0) continue;
+            for (int b = 0; b < 8; b++)
+                live += (w[i] >> (8 * b)) & LM_LIVE;
+            w[i] = 0;
+        }
+    }
+    atomic_store(&lm_errors, 0);
+    return live;
+}
+
+/* ---- stats -------------------------------------------------------------------- */
+
+struct totals {
+    uint64_t allocs, frees, refills, flushes, remote, adopted;
+};
+
+static struct totals tiny_totals(void) {
+    struct tiny_class_stats st[TINY_NCLASSES];
+    tiny_get_stats(st);
+    struct totals t = {0};
+    for (int c = 0; c < TINY_NCLASSES; c++) {
+        t.allocs += st[c].allocs;
+        t.frees += st[c].frees;
+        t.refills += st[c].refills;
+        t.flushes += st[c].flushes;
+        t.remote += st[c].remote_frees;
+        t.adopted += st[c].adopted;
+    }
+    return t;
+}
+
+static struct tiny_class_stats class_stats(uint32_t cls) {
+    struct tiny_class_stats st[TINY_NCLASSES];
+    tiny_get_stats(st);
+    return st[cls];
+}
+
+static int setup(void **state) {
+    (void)state;
+    hak_cfg.stats = true;
+    hak_cfg.ss_cache = 8;
+    lm_reset();
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    hak_cfg.stats = false; /* no summary at exit */
+    return 0;
+}
+
+/* ---- pre-warm --------------------------------------------------------------------- */
+
+struct prewarm {
+    uint32_t before[TINY_NCLASSES], first[TINY_NCLASSES], second[TINY_NCLASSES];
+    uint32_t refill[TINY_NCLASSES];
+};
+
+static void *prewarm_thread(void *arg) {
+    struct prewarm *r = arg;
+    static void *keep[TINY_NCLASSES][256];
+    for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
+        size_t size = small_class_size[c];
+        r->before[c] = tc_count(c);
+        void *p = malloc(size);
+        r->first[c] = tc_count(c);
+        void *q = malloc(size);
+        r->second[c] = tc_count(c);
+        /* Empty the cache; the next malloc is a later refill: half. */
+        uint32_t n = tc_count(c);
+        for (uint32_t i = 0; i < n; i++)
+            keep[c][i] = malloc(size);
+        void *x = malloc(size);
+        r->refill[c] = tc_count(c);
+        free(x);
+        for (uint32_t i = 0; i < n; i++)
+            free(keep[c][i]);
+        free(q);
+        free(p);
+    }
+    return NULL;
+}
+
+static void test_first_malloc_fills_whole_cache(void **state) {
+    (void)state;
+    struct prewarm r;
+    memset(&r, 0xff, sizeof r);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, prewarm_thread, &r), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
+        uint32_t cap = small_class_cap[c];
+        if (r.before[c] != 0 || r.first[c] != cap - 1 || r.second[c] != cap - 2 ||
+            r.refill[c] != cap / 2 - 1)
+            fail_msg("class %u (cap %u): cache held %u before, %u after the first malloc "
+                     "(want %u), %u after the second, %u after a later refill (want %u)",
+                     c, cap, r.before[c], r.first[c], cap - 1, r.second[c], r.refill[c],
+                     cap / 2 - 1);
+    }
+}
+
+/* ---- remote frees under concurrency ------------------------------------------------ */
+
+#define RC_N     200000
+#define RC_K     4
+#define RC_CHURN 50000  /* blocks the owner holds at most while churning */
+#define RC_EXTRA 200000 /* owner operations after the freers are done */
+#define RC_MAGIC 0x5a17c0de5a17c0deull
+
+static void **rc_blocks;
+static _Atomic int rc_ready, rc_freers_done;
+static _Atomic uint64_t rc_bad_pattern, rc_freed;
+
+struct rc_owner {
+    uint64_t churn_allocs, churn_frees, reused, failed;
+};
+
+static void rc_stamp(void *p, uint64_t id) {
+    ((uint64_t *)p)[0] = (uintptr_t)p ^ RC_MAGIC;
+    ((uint64_t *)p)[1] = id;
+}
+
+static void rc_check(void *p, uint64_t id) {
+    if (((uint64_t *)p)[0] != ((uintptr_t)p ^ RC_MAGIC) || ((uint64_t *)p)[1] != id)
+        atomic_fetch_add(&rc_bad_pattern, 1);
+}
+
+static void *rc_owner_thread(void *arg) {
+    struct rc_owner *o = arg;
+    uint64_t seed = 0x1234567887654321ull;
+    for (uint64_t i = 0; i < RC_N; i++) {
+        size_t size = 16 + rng(&seed) % 1009; /* 16 .. 1024 */
+        void *p = malloc(size);
+        if (p == NULL) {
+            o->failed++;
+            continue;
+        }
+        lm_alloc(p, LM_MARK);
+        rc_stamp(p, i);
+        rc_blocks[i] = p;
+    }
+    atomic_store(&rc_ready, 1);
+    /* Keep allocating and freeing in the same classes while the others
+     * free the first batch: refills drain remote lists under pushes. */
+    void **mine = test_map(RC_CHURN * sizeof(void *));
+    uint32_t n = 0;
+    uint64_t after = 0;
+    while (after < RC_EXTRA) {
+        if (atomic_load(&rc_freers_done) == RC_K) after++;
+        uint64_t x = rng(&seed);
+        if (n < RC_CHURN && (x & 3) != 0) {
+            size_t size = 16 + (x >> 8) % 1009;
+            void *p = malloc(size);
+            if (p == NULL) {
+                o->failed++;
+                continue;
+            }
+            if (lm_alloc(p, 0) & LM_MARK) o->reused++; /* a block another thread freed */
+            rc_stamp(p, ~(uint64_t)n);
+            mine[n++] = p;
+            o->churn_allocs++;
+        } else if (n > 0) {
+            uint32_t k = (uint32_t)((x >> 8) % n);
+            void *p = mine[k];
+            rc_check(p, ~(uint64_t)k);
+            lm_free(p);
+            free(p);
+            mine[k] = mine[--n];
+            if (k < n) rc_stamp(mine[k], ~(uint64_t)k);
+            o->churn_frees++;
+        }
+    }
+    while (n > 0) {
+        void *p = mine[--n];
+        rc_check(p, ~(uint64_t)n);
+        lm_free(p);
+        free(p);
+        o->churn_frees++;
+    }
+    munmap(mine, RC_CHURN * sizeof(void *));
+    return NULL;
+}
+
+static void *rc_freer_thread(void *arg) {
+    uintptr_t k = (uintptr_t)arg;
+    while (!atomic_load(&rc_ready))
+        sched_yield();
+    uint64_t n = 0;
+    for (uint64_t i = k; i < RC_N; i += RC_K) {
+        void *p = rc_blocks[i];
+        rc_check(p, i);
+        lm_free(p);
+        free(p);
+        n++;
+    }
+    atomic_fetch_add(&rc_freed, n);
+    atomic_fetch_add(&rc_freers_done, 1);
+    return NULL;
+}
+
+static void test_remote_frees_under_concurrency(void **state) {
+    (void)state;
+    rc_blocks = test_map(RC_N * sizeof(void *));
+    atomic_store(&rc_ready, 0);
+    atomic_store(&rc_freers_done, 0);
+    atomic_store(&rc_bad_pattern, 0);
+    atomic_store(&rc_freed, 0);
+    struct totals before = tiny_totals();
+    struct rc_owner o = {0};
+    pthread_t owner, freer[RC_K];
+    assert_int_equal(pthread_create(&owner, NULL, rc_owner_thread, &o), 0);
+    for (uintptr_t k = 0; k < RC_K; k++)
+        assert_int_equal(pthread_create(&freer[k], NULL, rc_freer_thread, (void *)k), 0);
+    for (int k = 0; k < RC_K; k++)
+        assert_int_equal(pthread_join(freer[k], NULL), 0);
+    assert_int_equal(pthread_join(owner, NULL), 0);
+    struct totals after = tiny_totals();
+    /* Every block came back to its slab: the owner's exit gave each of its
+     * slabs back (a block lost on the way would leave one an orphan). */
+    uint32_t orphans = 0;
+    for (uint32_t i = 0; i < RC_N; i++) {
+        void *p = rc_blocks[i];
+        if (rmap_get(p) != rmap_entry(RMAP_TINY, 0)) continue; /* unmapped since */
+        struct ss_slab *s = ss_slab_of(p);
+        if (s->state == SS_ACTIVE && atomic_load(&s->owner) == SS_NO_OWNER) orphans++;
+    }
+    munmap(rc_blocks, RC_N * sizeof(void *));
+    if (orphans) fail_msg("%u blocks sit in slabs left behind as orphans", orphans);
+
+    assert_int_equal(o.failed, 0);
+    assert_int_equal(atomic_load(&rc_freed), RC_N);
+    assert_int_equal(atomic_load(&rc_bad_pattern), 0);
+    assert_int_equal(atomic_load(&lm_errors), 0); /* no block out twice, none freed twice */
+    assert_int_equal(lm_reset(), 0);              /* every block freed */
+    assert_int_equal(o.churn_allocs, o.churn_frees);
+    /* Every free of the first batch was a remote free, and only those. */
+    assert_int_equal(after.remote - before.remote, RC_N);
+    assert_true(after.allocs - before.allocs >= RC_N + o.churn_allocs);
+    /* The owner's refills took back blocks the others had freed. */
+    if (o.reused == 0) fail_msg("the owner never reused a remotely freed block");
+    print_message("remote: %llu churn allocs, %llu of them remotely freed blocks\n",
+                  (unsigned long long)o.churn_allocs, (unsigned long long)o.reused);
+}
+
+/* ---- the remote list itself ------------------------------------------------------------ */
+
+#define RL_CLS 6u /* 112 B */
+
+struct rl_push {
+    void **blocks;
+    uint32_t n;
+};
+
+static void *rl_push_thread(void *arg) {
+    struct rl_push *a = arg;
+    for (uint32_t i = 0; i < a->n; i++)
+        tiny_free(a->blocks[i], "free");
+    return NULL;
+}
+
+/* One thread frees blocks of the main thread's slab: they sit on that
+ * slab's remote list, last freed first, until the owner takes them. */
+static void test_remote_list_holds_pushed_blocks(void **state) {
+    (void)state;
+    size_t size = small_class_size[RL_CLS];
+    enum { N = 300 };
+    void *b[N];
+    for (int i = 0; i < N; i++) {
+        b[i] = malloc(size);
+        lm_alloc(b[i], 0);
+    }
+    struct ss_slab *s = ss_slab_of(b[N - 1]);
+    assert_ptr_equal(atomic_load(&s->owner), hak_tc.heap);
+    void *mine[N];
+    uint32_t n = 0;
+    for (int i = 0; i < N; i++)
+        if (ss_slab_of(b[i]) == s) mine[n++] = b[i];
+    assert_true(n >= 10);
+    void *head = atomic_load(&s->remote);
+    uint32_t old = 0;
+    for (void *r = head; r; r = *(void **)r)
+        old++;
+    uint16_t used = s->used;
+    for (uint32_t i = 0; i < n; i++)
+        lm_free(mine[i]);
+    uint64_t remote_before = class_stats(RL_CLS).remote_frees;
+    struct rl_push a = {mine, n};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, rl_push_thread, &a), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(class_stats(RL_CLS).remote_frees - remote_before, n);
+    /* The list: our blocks, last pushed first, then what was there. */
+    void *r = atomic_load(&s->remote);
+    for (uint32_t i = n; i-- > 0; r = *(void **)r)
+        assert_ptr_equal(r, mine[i]);
+    assert_ptr_equal(r, head);
+    assert_int_equal(s->used, used); /* the owner has not looked yet */
+    assert_int_equal(s->state, SS_ACTIVE);
+
+    /* The owner gets every one of them back, each once. */
+    for (uint32_t i = 0; i < n; i++)
+        lm_alloc(mine[i], LM_MARK); /* the marks say "pushed": expect them back */
+    for (uint32_t i = 0; i < n; i++)
+        lm_free(mine[i]);
+    uint32_t back = 0;
+    void **again = test_map(8192 * sizeof(void *));
+    uint32_t m = 0;
+    while (back < n && m < 8192) {
+        void *p = malloc(size);
+        if (lm_alloc(p, 0) & LM_MARK) back++;
+        again[m++] = p;
+    }
+    assert_int_equal(back, n);
+    assert_true(m <= 4096);
+    for (uint32_t i = 0; i < m; i++) {
+        lm_free(again[i]);
+        free(again[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        if (ss_slab_of(b[i]) == s) continue;
+        lm_free(b[i]);
+        free(b[i]);
+    }
+    munmap(again, 8192 * sizeof(void *));
+    assert_int_equal(atomic_load(&lm_errors), 0);
+    assert_int_equal(lm_reset(), 0);
+}
+
+#define RP_CLS     3u /* 64 B */
+#define RP_N       16384
+#define RP_PUSHERS 4
+#define RP_AHEAD   2048
+
+static _Atomic int rp_go;
+static _Atomic uint32_t rp_pushed;
+
+static void *rp_push_thread(void *arg) {
+    struct rl_push *a = arg;
+    while (!atomic_load(&rp_go))
+        sched_yield();
+    for (uint32_t i = 0; i < a->n; i++) {
+        tiny_free(a->blocks[i], "free");
+        atomic_fetch_add_explicit(&rp_pushed, 1, memory_order_relaxed);
+    }
+    return NULL;
+}
+
+/* Several threads push blocks of the main thread's slabs with tiny_free
+ * while the main thread allocates from that class: every block comes back
+ * to the main thread exactly once. */
+static void test_remote_pushes_while_owner_allocates(void **state) {
+    (void)state;
+    size_t size = small_class_size[RP_CLS];
+    void **b = test_map(RP_N * sizeof(void *));
+    for (uint32_t i = 0; i < RP_N; i++) {
+        b[i] = malloc(size);
+        lm_alloc(b[i], 0);
+        assert_ptr_equal(atomic_load(&ss_slab_of(b[i])->owner), hak_tc.heap);
+    }
+    for (uint32_t i = 0; i < RP_N; i++) {
+        lm_free(b[i]);
+        lm_alloc(b[i], LM_MARK); /* mark "pushed" */
+        lm_free(b[i]);
+    }
+    uint64_t remote_before = class_stats(RP_CLS).remote_frees;
+    struct rl_push a[RP_PUSHERS];
+    pthread_t t[RP_PUSHERS];
+    atomic_store(&rp_go, 0);
+    atomic_store(&rp_pushed, 0);
+    for (uint32_t k = 0; k < RP_PUSHERS; k++) {
+        a[k] = (struct rl_push){b + k * (RP_N / RP_PUSHERS), RP_N / RP_PUSHERS};
+        assert_int_equal(pthread_create(&t[k], NULL, rp_push_thread, &a[k]), 0);
+    }
+    /* Allocate (and keep) blocks of the class while they push, until every
+     * pushed block has come back; a lost block would make us carve fresh
+     * slabs for ever, a duplicated one trips the live map. We stay at most
+     * RP_AHEAD allocations ahead of the pushes, so that most of what we get
+     * has to come from the remote lists while they are being pushed to. */
+    const uint32_t limit = 8 * RP_N;
+    void **got = test_map(limit * sizeof(void *));
+    uint32_t m = 0, back = 0, joined = 0;
+    atomic_store(&rp_go, 1);
+    while (back < RP_N && m < limit) {
+        if (m >= atomic_load_explicit(&rp_pushed, memory_order_relaxed) + RP_AHEAD &&
+            atomic_load_explicit(&rp_pushed, memory_order_relaxed) < RP_N) {
+            sched_yield();
+            continue;
+        }
+        void *p = malloc(size);
+        if (lm_alloc(p, 0) & LM_MARK) back++;
+        got[m++] = p;
+        if (!joined && m == RP_N / 2) {
+            for (uint32_t k = 0; k < RP_PUSHERS; k++)
+                assert_int_equal(pthread_join(t[k], NULL), 0);
+            joined = 1;
+        }
+    }
+    if (!joined)
+        for (uint32_t k = 0; k < RP_PUSHERS; k++)
+            assert_int_equal(pthread_join(t[k], NULL), 0);
+    uint64_t remote = class_stats(RP_CLS).remote_frees - remote_before;
+    for (uint32_t i = 0; i < m; i++) {
+        lm_free(got[i]);
+        free(got[i]);
+    }
+    munmap(got, limit * sizeof(void *));
+    munmap(b, RP_N * sizeof(void *));
+    assert_int_equal(remote, RP_N);
+    assert_int_equal(atomic_load(&lm_errors), 0);
+    if (back != RP_N)
+        fail_msg("%u of %u pushed blocks came back after %u allocations", back, RP_N, m);
+    /* Every block came back before many fresh ones were carved. */
+    if (m > RP_N + RP_AHEAD + 4096) fail_msg("%u allocations to get %u blocks back", m, RP_N);
+    assert_int_equal(lm_reset(), 0);
+}
+
+/* ---- adoption ------------------------------------------------------------------------- */
+
+#define AD_N    1000
+#define AD_SIZE 48
+static void *ad_blocks[AD_N];
+
+static void *ad_alloc_and_exit(void *arg) {
+    (void)arg;
+    for (int i = 0; i < AD_N; i++) {
+        ad_blocks[i] = malloc(AD_SIZE);
+        memset(ad_blocks[i], 0x3c, AD_SIZE);
+    }
+    return NULL; /* exits with every block out */
+}
+
+struct ad_result {
+    void *got[AD_N];
+    bool owns_orphan; /* the orphan slab's owner is now this thread's heap */
+};
+
+static void *ad_adopter(void *arg) {
+    struct ad_result *r = arg;
+    for (int i = 0; i < AD_N; i++)
+        r->got[i] = malloc(AD_SIZE);
+    r->owns_orphan = atomic_load(&ss_slab_of(ad_blocks[0])->owner) == hak_tc.heap;
+    for (int i = 0; i < AD_N; i++)
+        free(r->got[i]);
+    return NULL;
+}
+
+static void test_exited_threads_slabs_are_adopted(void **state) {
+    (void)state;
+    uint32_t cls = small_class_of(AD_SIZE);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, ad_alloc_and_exit, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    /* Its slabs are orphans now: ACTIVE, no owner. */
+    for (int i = 0; i < AD_N; i++) {
+        struct ss_slab *s = ss_slab_of(ad_blocks[i]);
+        assert_int_equal(s->state, SS_ACTIVE);
+        assert_ptr_equal(atomic_load(&s->owner), SS_NO_OWNER);
+        assert_int_equal(s->cls, cls);
+    }
+    /* Free half: remote frees into orphans. */
+    struct tiny_class_stats st0 = class_stats(cls);
+    for (int i = 0; i < AD_N; i += 2) {
+        assert_int_equal(((uint8_t *)ad_blocks[i])[AD_SIZE - 1], 0x3c);
+        free(ad_blocks[i]);
+    }
+    struct tiny_class_stats st1 = class_stats(cls);
+    assert_int_equal(st1.remote_frees - st0.remote_frees, AD_N / 2);
+    /* A new thread needing the class adopts instead of taking a new slab. */
+    static struct ad_result r;
+    assert_int_equal(pthread_create(&t, NULL, ad_adopter, &r), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    struct tiny_class_stats st2 = class_stats(cls);
+    assert_true(st2.adopted - st1.adopted >= 1);
+    assert_true(r.owns_orphan);
+    uint32_t reused = 0;
+    for (int i = 0; i < AD_N; i++)
+        for (int j = 0; j < AD_N; j += 2)
+            if (r.got[i] == ad_blocks[j]) reused++;
+    print_message("adoption: %u of %u freed blocks handed out again\n", reused, AD_N / 2);
+    if (reused == 0) fail_msg("the adopting thread got none of the freed blocks back");
+    /* The rest, freed into whatever owns the slab now, then trimmed. */
+    for (int i = 1; i < AD_N; i += 2)
+        free(ad_blocks[i]);
+    malloc_trim(0);
+}
+
+/* ---- SuperSlabs go back to the OS ------------------------------------------------------ */
+
+#define RET_BLOCK 64
+#define RET_BYTES (64 * MiB)
+#define RET_N     (RET_BYTES / RET_BLOCK)
+
+static void **ret_blocks;
+
+static long rss_kib(void) {
+    int fd = open("/proc/self/statm", O_RDONLY);
+    assert_true(fd >= 0);
+    char buf[128];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    assert_true(n > 0);
+    buf[n] = 0;
+    long size, resident;
+    assert_int_equal(sscanf(buf, "%ld %ld", &size, &resident), 2);
+    return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static long ret_peak_kib;
+
+static void *ret_thread(void *arg) {
+    (void)arg;
+    for (size_t i = 0; i < RET_N; i++) {
+        ret_blocks[i] = malloc(RET_BLOCK);
+        memset(ret_blocks[i], 0x11, RET_BLOCK);
+    }
+    ret_peak_kib = rss_kib();
+    for (size_t i = 0; i < RET_N; i++)
+        free(ret_blocks[i]);
+    return NULL; /* exit gives the empty slabs back */
+}
+
+static void test_superslabs_return_to_os(void **state) {
+    (void)state;
+    ret_blocks = test_map(RET_N * sizeof(void *));
+    memset(ret_blocks, 0, RET_N * sizeof(void *)); /* fault the array in now */
+    malloc_trim(0);
+    long rss0 = rss_kib();
+    struct ss_stats a, b, c;
+    ss_get_stats(&a);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, ret_thread, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    ss_get_stats(&b);
+    long rss1 = rss_kib();
+    malloc_trim(0);
+    ss_get_stats(&c);
+    long rss2 = rss_kib();
+    munmap(ret_blocks, RET_N * sizeof(void *));
+    print_message("rss: %ld KiB before, %ld at peak, %ld after exit, %ld after trim; "
+                  "%llu SuperSlabs retired, %llu unmapped, %llu cached\n",
+                  rss0, ret_peak_kib, rss1, rss2, (unsigned long long)(b.retired - a.retired),
+                  (unsigned long long)(c.unmapped - a.unmapped), (unsigned long long)b.cached);
+    assert_true(ret_peak_kib - rss0 >= (long)(RET_BYTES / 1024) * 9 / 10);
+    /* 64 MiB of 64 B blocks take 33 SuperSlabs; the thread's exit gave
+     * every one of them back: cached up to the bound, the rest unmapped. */
+    uint64_t want = RET_BYTES / (SS_SIZE - SS_SLOT_SIZE) - 2; /* 2 may be partly others' */
+    assert_true(b.retired - a.retired >= want);
+    assert_true(b.unmapped - a.unmapped >= want - hak_cfg.ss_cache);
+    assert_true(b.cached >= a.cached && b.cached <= hak_cfg.ss_cache);
+    /* malloc_trim unmaps the cached ones. */
+    assert_int_equal(c.cached, 0);
+    assert_int_equal(c.unmapped - b.unmapped, b.cached);
+    assert_true(c.live <= a.live);
+    assert_true(rss1 - rss0 < 4 * 1024);
+    assert_true(rss2 - rss0 < 2 * 1024);
+}
+
+/* ---- bad pointers (death tests) ---------------------------------------------------------- */
+
+#define DEATH_MS 10000
+
+struct death {
+    int status;
+    bool timedout;
+    char err[4096];
+    size_t len;
+};
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* fn(arg) in a forked child with stderr on a pipe. */
+static void run_child(void (*fn)(void *), void *arg, struct death *d) {
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGABRT, SIG_DFL);
+        signal(SIGSEGV, SIG_DFL);
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        close(fd[0]);
+        dup2(fd[1], 2);
+        close(fd[1]);
+        fn(arg);
+        _exit(0);
+    }
+    close(fd[1]);
+    memset(d, 0, sizeof *d);
+    int64_t deadline = now_ms() + DEATH_MS;
+    while (d->len < sizeof d->err - 1) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0) break;
+        struct pollfd p = {.fd = fd[0], .events = POLLIN};
+        int r = poll(&p, 1, (int)left);
+        if (r <= 0) continue;
+        ssize_t n = read(fd[0], d->err + d->len, sizeof d->err - 1 - d->len);
+        if (n <= 0) break;
+        d->len += (size_t)n;
+    }
+    close(fd[0]);
+    for (;;) {
+        if (waitpid(pid, &d->status, WNOHANG) == pid) break;
+        if (now_ms() > deadline) {
+            d->timedout = true;
+            kill(pid, SIGKILL);
+            waitpid(pid, &d->status, 0);
+            break;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    d->err[d->len] = 0;
+}
+
+/* ---- a remote free racing the owner's exit ------------------------------------------- */
+
+/* The freer pushes the last block out of a slab; the owner, exiting, drains
+ * it, gives the slab back, and its SuperSlab (the only slab in it, with no
+ * SuperSlab cache) is unmapped. Nothing of the slab descriptor may be read
+ * by the freer after its push. To make the interleaving certain, the owner's
+ * heap page is write-protected: the freer's first write after the push (the
+ * owner's "remote frees pending" bit) faults, and its SIGSEGV handler holds
+ * it there until the SuperSlab is gone. Runs in a child process. */
+#define RX_CLS 18u /* 896 B: no other test here leaves blocks of it out */
+
+static void *volatile rx_block;
+static _Atomic int rx_start, rx_go, rx_stalled;
+static uint8_t *volatile rx_heap_page;
+static __thread bool rx_is_freer;
+
+static void rx_segv(int sig, siginfo_t *si, void *ctx) {
+    (void)sig, (void)ctx;
+    uint8_t *a = si->si_addr, *pg = rx_heap_page;
+    if (pg && a >= pg && a < pg + 2 * HAK_PAGE_SIZE) {
+        if (rx_is_freer) {
+            atomic_store(&rx_stalled, 1);
+            for (int i = 0; i < 2000 && rmap_get(rx_block) != RMAP_NONE; i++) {
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        mprotect(pg, 2 * HAK_PAGE_SIZE, PROT_READ | PROT_WRITE);
+        return;
+    }
+    signal(SIGSEGV, SIG_DFL); /* a real fault: die of it */
+}
+
+static void *rx_owner(void *arg) {
+    (void)arg;
+    while (!atomic_load(&rx_start))
+        ;
+    rx_block = malloc(small_class_size[RX_CLS]);
+    struct ss_slab *s = ss_slab_of(rx_block);
+    uintptr_t h = (uintptr_t)atomic_load(&s->owner);
+    rx_heap_page = (uint8_t *)(h & ~(uintptr_t)(HAK_PAGE_SIZE - 1));
+    if (mprotect(rx_heap_page, 2 * HAK_PAGE_SIZE, PROT_READ) != 0) _exit(5);
+    atomic_store(&rx_go, 1);
+    while (atomic_load(&s->remote) == NULL)
+        ;        /* the freer has pushed */
+    return NULL; /* exit: drain, release, retire, unmap */
+}
+
+static void *rx_freer(void *arg) {
+    (void)arg;
+    rx_is_freer = true;
+    while (!atomic_load(&rx_go))
+        ;
+    free(rx_block);
+    return NULL;
+}
+
+static void rx_child(void *arg) {
+    (void)arg;
+    hak_cfg.ss_cache = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = rx_segv;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigaction(SIGSEGV, &sa, NULL);
+    pthread_t o, f;
+    if (pthread_create(&o, NULL, rx_owner, NULL) || pthread_create(&f, NULL, rx_freer, NULL))
+        _exit(6);
+    /* Fill every mapped SuperSlab (keeping the slabs), so that the owner's
+     * slab gets a SuperSlab of its own. */
+    for (int i = 0; i < 100000; i++) {
+        struct ss_stats a, b;
+        ss_get_stats(&a);
+        struct ss_slab *s = ss_acquire(RX_CLS, small_class_size[RX_CLS]);
+        ss_get_stats(&b);
+        if (s == NULL) _exit(6);
+        if (b.stage3_os != a.stage3_os || b.stage3_cache != a.stage3_cache) {
+            ss_release(s); /* retired and unmapped at once */
+            break;
+        }
+    }
+    atomic_store(&rx_start, 1);
+    pthread_join(o, NULL);
+    pthread_join(f, NULL);
+    if (rmap_get(rx_block) != RMAP_NONE) _exit(3); /* the SuperSlab was not unmapped */
+    _exit(atomic_load(&rx_stalled) ? 0 : 4);
+}
+
+static void test_remote_free_racing_owner_exit(void **state) {
+    (void)state;
+    struct death d;
+    run_child(rx_child, NULL, &d);
+    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
+    if (WIFSIGNALED(d.status))
+        fail_msg("the freer died of signal %d: it touched the slab after its push, once the "
+                 "owner's exit had unmapped the SuperSlab; stderr: %s",
+                 WTERMSIG(d.status), d.err);
+    switch (WEXITSTATUS(d.status)) {
+    case 0:
+        break;
+    case 3:
+        skip(); /* the owner's exit did not unmap its SuperSlab: nothing to race */
+        break;
+    case 4:
+        print_message("the freer wrote nothing of the owner's heap after its push\n");
+        break;
+    default:
+        fail_msg("child exited %d; stderr: %s", WEXITSTATUS(d.status), d.err);
+    }
+}
+
+/* The child must die of SIGABRT after exactly one "hakmem:" line on stderr,
+ * equal to `want` (or, with want_prefix, starting "hakmem: free(): " and
+ * naming the pointer p). */
+static void expect_abort(void (*fn)(void *), void *p, const char *what) {
+    struct death d;
+    run_child(fn, p, &d);
+    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
+    if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGABRT)
+        fail_msg("child did not abort (status 0x%x); stderr: %s", d.status, d.err);
+    char want[160];
+    snprintf(want, sizeof want, "hakmem: free(): %s %p", what, p);
+    int hak = 0, exact = 0;
+    for (const char *s = d.err; *s;) {
+        const char *e = strchr(s, '\n');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        if (n >= 7 && memcmp(s, "hakmem:", 7) == 0) hak++;
+        if (n == strlen(want) && memcmp(s, want, n) == 0) exact++;
+        s += n + (e != NULL);
+    }
+    if (hak != 1 || exact != 1)
+        fail_msg("expected exactly one line \"%s\"; stderr was:\n%s", want, d.err);
+}
+
+static void do_free(void *p) {
+    void *volatile v = p;
+    free(v);
+}
+
+static void do_double_free(void *p) {
+    void *volatile v = p;
+    free(v);
+    free(v);
+}
+
+static void test_free_interior_tiny_pointer(void **state) {
+    (void)state;
+    const size_t sizes[] = {16, 48, 100, 500, 1000};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        uint8_t *p = malloc(sizes[i]);
+        assert_int_equal(rmap_kind_of(rmap_get(p)), RMAP_TINY);
+        expect_abort(do_free, p + 8, "invalid pointer");
+        if (sizes[i] > 16) expect_abort(do_free, p + 16, "invalid pointer");
+        expect_abort(do_free, p + 1, "invalid pointer");
+        free(p);
+    }
+}
+
+static void test_free_never_carved_block(void **state) {
+    (void)state;
+    /* 640 B and up: the first refill of a fresh slab carves half of it
+     * (a cache holds about 32 KiB); the tail stays uncarved. */
+    uint8_t *p = NULL;
+    struct ss_slab *s = NULL;
+    for (size_t n = 600; n <= 1024; n += 128) {
+        p = malloc(n);
+        s = ss_slab_of(p);
+        if (s->carved < s->capacity) break;
+        free(p);
+        p = NULL;
+    }
+    assert_non_null(p);
+    assert_true(s->carved < s->capacity);
+    uint8_t *base = ss_slab_base(s);
+    uint8_t *next = base + (size_t)s->carved * s->size; /* block-aligned, not carved */
+    expect_abort(do_free, next, "invalid pointer");
+    uint8_t *last = base + (size_t)(s->capacity - 1) * s->size;
+    expect_abort(do_free, last, "invalid pointer");
+    /* Past the last whole block (65280 .. 65535): never a block. */
+    expect_abort(do_free, base + (size_t)s->capacity * s->size, "invalid pointer");
+    free(p);
+}
+
+static void test_free_in_superslab_header(void **state) {
+    (void)state;
+    uint8_t *p = malloc(200);
+    uint8_t *ss = (uint8_t *)ss_of(p);
+    assert_int_equal(rmap_get(ss), rmap_entry(RMAP_TINY, 0));
+    expect_abort(do_free, ss, "invalid pointer");
+    expect_abort(do_free, ss + 64, "invalid pointer");
+    expect_abort(do_free, ss + 4096, "invalid pointer");
+    expect_abort(do_free, ss + SS_SLOT_SIZE - 16, "invalid pointer");
+    free(p);
+}
+
+static void test_free_in_unused_slot(void **state) {
+    (void)state;
+    /* Take slabs directly until some SuperSlab shows an UNUSED slot (at
+     * the latest, a new SuperSlab has 30 of them). */
+    enum { MAX = 4096 };
+    struct ss_slab **held = test_map(MAX * sizeof *held);
+    uint32_t n = 0, slot = 0;
+    struct superslab *ss = NULL;
+    while (slot == 0 && n < MAX) {
+        held[n] = ss_acquire(13, small_class_size[13]);
+        assert_non_null(held[n]);
+        ss = ss_of(held[n++]);
+        for (uint32_t k = SS_NSLOTS - 1; k >= SS_FIRST_SLOT && slot == 0; k--)
+            if (ss->slab[k].state == SS_UNUSED) slot = k;
+    }
+    assert_true(slot != 0);
+    uint8_t *base = (uint8_t *)ss + (size_t)slot * SS_SLOT_SIZE;
+    assert_int_equal(rmap_get(base), rmap_entry(RMAP_TINY, 0));
+    expect_abort(do_free, base, "invalid pointer");
+    expect_abort(do_free, base + 384, "invalid pointer");
+    while (n > 0)
+        ss_release(held[--n]);
+    munmap(held, MAX * sizeof *held);
+}
+
+static void test_immediate_double_free(void **state) {
+    (void)state;
+    const size_t sizes[] = {1, 32, 64, 200, 1024};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        void *p = malloc(sizes[i]);
+        expect_abort(do_double_free, p, "double free");
+        free(p);
+    }
+}
+
+/* The first free finds the cache full (slow path: half goes back to the
+ * slabs); the second must still be caught. The child names the pointer on
+ * a line of its own first. */
+static void double_free_with_full_cache(void *arg) {
+    uint32_t cls = (uint32_t)(uintptr_t)arg;
+    size_t size = small_class_size[cls];
+    void *b[256];
+    uint32_t cap = small_class_cap[cls];
+    for (uint32_t i = 0; i <= cap; i++)
+        b[i] = malloc(size);
+    for (uint32_t i = 0; i < cap && tc_count(cls) < cap; i++)
+        free(b[i]);
+    if (tc_count(cls) != cap) _exit(7);
+    char line[64];
+    int n = snprintf(line, sizeof line, "want %p\n", b[cap]);
+    if (write(2, line, (size_t)n) != n) _exit(8);
+    void *volatile v = b[cap];
+    free(v); /* slow path */
+    free(v);
+}
+
+static void test_double_free_after_flush(void **state) {
+    (void)state;
+    const uint32_t classes[] = {0, 9, 15, 19};
+    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++) {
+        struct death d;
+        run_child(double_free_with_full_cache, (void *)(uintptr_t)classes[i], &d);
+        if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGABRT)
+            fail_msg("child did not abort (status 0x%x); stderr: %s", d.status, d.err);
+        void *p = NULL;
+        char want[128];
+        if (sscanf(d.err, "want %p\n", &p) != 1) fail_msg("no pointer from the child: %s", d.err);
+        int n = snprintf(want, sizeof want, "want %p\nhakmem: free(): double free %p\n", p, p);
+        if ((size_t)n != d.len || strcmp(d.err, want) != 0)
+            fail_msg("expected \"%s\"; stderr was:\n%s", want, d.err);
+    }
+}
+
+static void *free_one_and_exit(void *arg) {
+    free(arg);
+    return NULL;
+}
+
+static void *alloc_one(void *arg) {
+    (void)arg;
+    return malloc(small_class_size[14]); /* 448 B: used by nothing else here */
+}
+
+/* A block freed twice after its slab went back (EMPTY or retired): every
+ * later free of it is refused as an invalid pointer, not pushed anywhere. */
+static void test_double_free_after_slab_released(void **state) {
+    (void)state;
+    pthread_t t;
+    void *p;
+    assert_int_equal(pthread_create(&t, NULL, alloc_one, NULL), 0);
+    assert_int_equal(pthread_join(t, &p), 0);
+    /* The allocating thread is gone: p's slab is an orphan. Freeing p
+     * empties it, and trim gives it back. */
+    assert_ptr_equal(atomic_load(&ss_slab_of(p)->owner), SS_NO_OWNER);
+    assert_int_equal(pthread_create(&t, NULL, free_one_and_exit, p), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    malloc_trim(0);
+    assert_true(rmap_get(p) == RMAP_NONE || ss_slab_of(p)->state != SS_ACTIVE);
+    expect_abort(do_free, p, "invalid pointer");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        /* First: no orphan slab exists yet, so every refill is a fresh slab. */
+        cmocka_unit_test_setup(test_first_malloc_fills_whole_cache, setup),
+        cmocka_unit_test_setup(test_exited_threads_slabs_are_adopted, setup),
+        cmocka_unit_test_setup(test_remote_list_holds_pushed_blocks, setup),
+        cmocka_unit_test_setup(test_remote_pushes_while_owner_allocates, setup),
+        cmocka_unit_test_setup(test_remote_frees_under_concurrency, setup),
+        cmocka_unit_test_setup(test_remote_free_racing_owner_exit, setup),
+        cmocka_unit_test_setup(test_superslabs_return_to_os, setup),
+        cmocka_unit_test_setup(test_free_interior_tiny_pointer, setup),
+        cmocka_unit_test_setup(test_free_never_carved_block, setup),
+        cmocka_unit_test_setup(test_free_in_superslab_header, setup),
+        cmocka_unit_test_setup(test_free_in_unused_slot, setup),
+        cmocka_unit_test_setup(test_immediate_double_free, setup),
+        cmocka_unit_test_setup(test_double_free_after_flush, setup),
+        cmocka_unit_test_setup(test_double_free_after_slab_released, setup),
+    };
+    return cmocka_run_group_tests(tests, NULL, group_teardown);
+}
