@@ -3,7 +3,7 @@
 # when everything is present: one dpkg query, no network.
 set -euo pipefail
 
-pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk)
+pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk pkg-config)
 
 missing=()
 for p in "${pkgs[@]}"; do
