@@ -54,7 +54,7 @@ TEST_BINS := $(TEST_SRCS:tests/%.c=out/tests/%)
 TEST_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -pthread -Wall -Wextra -Werror \
 	-Wno-alloc-size-larger-than -fno-builtin -Iinclude -Icore -DHAK_DEBUG
 
-out/tests/%: tests/%.c out/debug/libhakmem.a $(HDRS)
+out/tests/%: tests/%.c out/debug/libhakmem.a $(HDRS) $(wildcard tests/*.h)
 	@mkdir -p out/tests
 	$(CC) $(TEST_CFLAGS) $< -o $@ out/debug/libhakmem.a -lcmocka -pthread
 

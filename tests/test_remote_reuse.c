@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "death.h"
 #include "superslab/ss.h"
 
 #include <malloc.h>
@@ -128,28 +129,14 @@ static void test_trim_does_not_strand_drained_slabs(void **state) {
 
 /* ---- bad input from other threads ---------------------------------------------- */
 
-/* Run fn in a child; it must die of SIGABRT with one "hakmem: <want>" line. */
-static void expect_abort(void (*fn)(void), const char *want) {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 2);
-        alarm(10); /* a hang is a failure too */
-        fn();
-        _exit(0);
-    }
-    close(fds[1]);
-    char buf[512] = {0};
-    ssize_t n = 0, r;
-    while ((r = read(fds[0], buf + n, sizeof buf - 1 - (size_t)n)) > 0)
-        n += r;
-    close(fds[0]);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGABRT)
-        fail_msg("child did not abort (status %d), stderr: %s", st, buf);
-    if (strstr(buf, want) == NULL) fail_msg("expected '%s' in: %s", want, buf);
+/* Run fn in a child; it must die of SIGABRT with a "hakmem: <want>" line. */
+static void expect_abort(void (*fn)(void *), const char *want) {
+    struct death d;
+    run_child(fn, NULL, &d);
+    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
+    if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGABRT)
+        fail_msg("child did not abort (status %d), stderr: %s", d.status, d.err);
+    if (strstr(d.err, want) == NULL) fail_msg("expected '%s' in: %s", want, d.err);
 }
 
 static void *g_victim;
@@ -160,7 +147,8 @@ static void *free_victim_twice(void *arg) {
     return NULL;
 }
 
-static void remote_double_free(void) {
+static void remote_double_free(void *unused) {
+    (void)unused;
     g_victim = malloc(24);
     pthread_t t;
     pthread_create(&t, NULL, free_victim_twice, NULL);
@@ -181,14 +169,16 @@ static void *alloc_free_exit(void *arg) {
     return NULL;
 }
 
-static void stale_usable_size(void) {
+static void stale_usable_size(void *unused) {
+    (void)unused;
     pthread_t t;
     pthread_create(&t, NULL, alloc_free_exit, NULL);
     pthread_join(t, NULL);
     (void)malloc_usable_size(g_victim);
 }
 
-static void stale_realloc(void) {
+static void stale_realloc(void *unused) {
+    (void)unused;
     pthread_t t;
     pthread_create(&t, NULL, alloc_free_exit, NULL);
     pthread_join(t, NULL);

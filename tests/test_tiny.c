@@ -671,66 +671,7 @@ static void test_superslabs_return_to_os(void **state) {
 
 /* ---- bad pointers (death tests) ---------------------------------------------------------- */
 
-#define DEATH_MS 10000
-
-struct death {
-    int status;
-    bool timedout;
-    char err[4096];
-    size_t len;
-};
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* fn(arg) in a forked child with stderr on a pipe. */
-static void run_child(void (*fn)(void *), void *arg, struct death *d) {
-    int fd[2];
-    assert_int_equal(pipe(fd), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        signal(SIGABRT, SIG_DFL);
-        signal(SIGSEGV, SIG_DFL);
-        struct rlimit no_core = {0, 0};
-        setrlimit(RLIMIT_CORE, &no_core);
-        close(fd[0]);
-        dup2(fd[1], 2);
-        close(fd[1]);
-        fn(arg);
-        _exit(0);
-    }
-    close(fd[1]);
-    memset(d, 0, sizeof *d);
-    int64_t deadline = now_ms() + DEATH_MS;
-    while (d->len < sizeof d->err - 1) {
-        int64_t left = deadline - now_ms();
-        if (left <= 0) break;
-        struct pollfd p = {.fd = fd[0], .events = POLLIN};
-        int r = poll(&p, 1, (int)left);
-        if (r <= 0) continue;
-        ssize_t n = read(fd[0], d->err + d->len, sizeof d->err - 1 - d->len);
-        if (n <= 0) break;
-        d->len += (size_t)n;
-    }
-    close(fd[0]);
-    for (;;) {
-        if (waitpid(pid, &d->status, WNOHANG) == pid) break;
-        if (now_ms() > deadline) {
-            d->timedout = true;
-            kill(pid, SIGKILL);
-            waitpid(pid, &d->status, 0);
-            break;
-        }
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    d->err[d->len] = 0;
-}
+#include "death.h"
 
 /* ---- a remote free racing the owner's exit ------------------------------------------- */
 

@@ -1,0 +1,92 @@
+/* Death tests: run a function in a forked child with its stderr captured,
+ * bounded in time, so a test can assert how hakmem rejected bad input (the
+ * signal and the exact message). Include after <cmocka.h>: it asserts. */
+#ifndef HAK_TEST_DEATH_H
+#define HAK_TEST_DEATH_H
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEATH_TIMEOUT_MS 10000
+
+struct death {
+    int status;    /* waitpid status */
+    bool timedout; /* child killed by us */
+    char err[8192];
+    size_t len;
+};
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs fn(arg) in a child whose stderr is captured into d->err. */
+static void run_child(void (*fn)(void *), void *arg, struct death *d) {
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* cmocka traps some signals; the child must die the default way. */
+        const int sigs[] = {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+            signal(sigs[i], SIG_DFL);
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        close(fd[0]);
+        dup2(fd[1], 2);
+        close(fd[1]);
+        fn(arg);
+        _exit(0);
+    }
+    close(fd[1]);
+    memset(d, 0, sizeof *d);
+    int64_t deadline = now_ms() + DEATH_TIMEOUT_MS;
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            d->timedout = true;
+            kill(pid, SIGKILL);
+            break;
+        }
+        struct pollfd p = {.fd = fd[0], .events = POLLIN};
+        int r = poll(&p, 1, (int)left);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) continue;
+        ssize_t n = read(fd[0], d->err + d->len, sizeof d->err - 1 - d->len);
+        if (n <= 0) break; /* EOF: the child is gone (or closed stderr) */
+        d->len += (size_t)n;
+        if (d->len == sizeof d->err - 1) break;
+    }
+    close(fd[0]);
+    /* Bounded wait: stderr may close before the child is fully dead. */
+    for (;;) {
+        pid_t w = waitpid(pid, &d->status, WNOHANG);
+        if (w == pid) break;
+        if (now_ms() > deadline) {
+            d->timedout = true;
+            kill(pid, SIGKILL);
+            waitpid(pid, &d->status, 0);
+            break;
+        }
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    d->err[d->len] = 0;
+}
+
+/* Counts lines of d->err equal to `line`, and lines starting "hakmem:". */
+
+#endif
