@@ -53,6 +53,18 @@ static inline size_t large_offset(size_t align) {
     return align > LARGE_HDR_SIZE ? align : LARGE_HDR_SIZE;
 }
 
+/* A fresh mapping of `size` bytes at `map_align`, registered in the region
+ * map; NULL with errno ENOMEM when either step fails (nothing is left). */
+static struct large_hdr *large_map(size_t size, size_t map_align) {
+    struct large_hdr *h = os_map_aligned(size, map_align);
+    if (h && !rmap_mark_span(h, size, RMAP_LARGE)) {
+        os_unmap(h, size);
+        h = NULL;
+    }
+    if (h == NULL) errno = ENOMEM;
+    return h;
+}
+
 static void large_release(struct large_hdr *h) {
     size_t size = h->map_size;
     rmap_clear_span(h, size);
@@ -121,16 +133,7 @@ void *large_alloc(size_t size, size_t align, bool zero) {
     if (h) {
         large_add(&large_n_hits, 1);
     } else {
-        h = os_map_aligned(need, map_align);
-        if (h == NULL) {
-            errno = ENOMEM;
-            return NULL;
-        }
-        if (!rmap_mark_span(h, need, RMAP_LARGE)) {
-            os_unmap(h, need);
-            errno = ENOMEM;
-            return NULL;
-        }
+        if ((h = large_map(need, map_align)) == NULL) return NULL;
         h->map_size = need;
     }
     h->magic = LARGE_LIVE;
@@ -169,16 +172,8 @@ size_t large_usable_size(const void *p, uint32_t entry, const char *fn) {
 /* Move block h's pages into a fresh aligned mapping of `need` bytes. */
 static void *large_move(struct large_hdr *h, size_t need) {
     size_t off = h->offset, old = h->map_size;
-    struct large_hdr *dst = os_map_aligned(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0));
-    if (dst == NULL) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    if (!rmap_mark_span(dst, need, RMAP_LARGE)) {
-        os_unmap(dst, need);
-        errno = ENOMEM;
-        return NULL;
-    }
+    struct large_hdr *dst = large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0));
+    if (dst == NULL) return NULL;
     rmap_clear_span(h, old);
     if (!os_move(h, old, need, dst)) {
         rmap_mark_span(h, old, RMAP_LARGE);

@@ -16,9 +16,6 @@
 /* Size-classed (small) tier: 0 .. HAK_SMALL_MAX bytes. */
 #define HAK_SMALL_MAX ((size_t)1 << 20)
 
-/* Large tier: one mapping per block above HAK_SMALL_MAX. */
-#define HAK_LARGE_MIN (HAK_SMALL_MAX + 1)
-
 /* Every block is at least this aligned (max_align_t). */
 #define HAK_MIN_ALIGN ((size_t)16)
 

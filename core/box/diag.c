@@ -44,14 +44,6 @@ void diag_flush(struct diag_buf *b, int fd) {
     b->n = 0;
 }
 
-void diag_warn(const char *msg) {
-    struct diag_buf b = {.n = 0};
-    diag_str(&b, "hakmem: ");
-    diag_str(&b, msg);
-    diag_str(&b, "\n");
-    diag_flush(&b, 2);
-}
-
 void diag_bad_pointer(const char *fn, const char *what, const void *p) {
     struct diag_buf b = {.n = 0};
     diag_str(&b, "hakmem: ");

@@ -14,9 +14,6 @@ _Noreturn void diag_bad_pointer(const char *fn, const char *what, const void *p)
  * never returns. */
 __attribute__((cold)) void diag_reject(const char *fn, const char *what, const void *p);
 
-/* One line "hakmem: <msg>" on stderr. */
-void diag_warn(const char *msg);
-
 /* A small append-only text buffer for building lines without stdio. */
 struct diag_buf {
     char s[512];
