@@ -19,6 +19,25 @@
  * only on the parameters, so it shows that the run is deterministic. */
 #include "bench_util.h"
 
+#include <stdbool.h>
+
+/* Allocate n bytes into slot k, tagging its first and last byte; false
+ * (with a message) when malloc fails. */
+static inline bool fill_slot(unsigned char **slot, uint32_t *len, unsigned char *tags, uint64_t k,
+                             uint32_t n, unsigned char tag) {
+    unsigned char *p = malloc(n);
+    if (p == NULL) {
+        fprintf(stderr, "bench_random_mixed: malloc(%" PRIu32 ") failed\n", n);
+        return false;
+    }
+    p[0] = tag;
+    p[n - 1] = tag;
+    slot[k] = p;
+    len[k] = n;
+    tags[k] = tag;
+    return true;
+}
+
 int main(int argc, char **argv) {
     uint64_t iters = 1000000, ws = 400, seed = 42, min_size, max_size;
 
@@ -62,16 +81,7 @@ int main(int argc, char **argv) {
         uint64_t r = bench_rng_next(&rng_state);
         uint32_t n = (uint32_t)(min_size + bench_bounded((uint32_t)r, span));
         unsigned char tag = (unsigned char)(r >> 40);
-        unsigned char *p = malloc(n);
-        if (p == NULL) {
-            fprintf(stderr, "bench_random_mixed: malloc(%" PRIu32 ") failed\n", n);
-            return 1;
-        }
-        p[0] = tag;
-        p[n - 1] = tag;
-        slot[i] = p;
-        len[i] = n;
-        tags[i] = tag;
+        if (!fill_slot(slot, len, tags, i, n, tag)) return 1;
     }
 
     double t0 = bench_now();
@@ -91,16 +101,7 @@ int main(int argc, char **argv) {
         check += old[0] + oldn;
         free(old);
 
-        unsigned char *p = malloc(n);
-        if (p == NULL) {
-            fprintf(stderr, "bench_random_mixed: malloc(%" PRIu32 ") failed\n", n);
-            return 1;
-        }
-        p[0] = tag;
-        p[n - 1] = tag;
-        slot[k] = p;
-        len[k] = n;
-        tags[k] = tag;
+        if (!fill_slot(slot, len, tags, k, n, tag)) return 1;
     }
     double elapsed = bench_now() - t0;
 

@@ -54,18 +54,9 @@ make --no-print-directory -s "$OUT/$BIN"
 mkdir -p "$DIR"
 rm -f "$DIR"/*.out "$DIR"/*.log
 
-# Path of a shared library (as in run.sh): ldconfig's cache, then the
-# Debian package's files, then the usual multiarch directory.
-find_lib() {
-    local soname=$1 pkg=$2 p
-    p=$(/sbin/ldconfig -p 2>/dev/null | awk -v n="$soname" '$1 == n && /x86-64/ { print $NF; exit }')
-    if [ -z "$p" ] && command -v dpkg >/dev/null; then
-        p=$(dpkg -L "$pkg" 2>/dev/null | grep -m1 "/$soname\$" || true)
-    fi
-    [ -z "$p" ] && p=/usr/lib/x86_64-linux-gnu/$soname
-    [ -r "$p" ] && echo "$p"
-    return 0
-}
+# find_lib SONAME PACKAGE: path of an allocator library
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Does preloading $1 really bind the bench's malloc and free to it? (as in
 # run.sh's preflight; checked natively, since LD_DEBUG output under valgrind
