@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "death.h"
+
 #include "hakmem.h"
 
 #define KiB ((size_t)1024)
@@ -723,33 +725,17 @@ static void test_mallinfo2_hblkhd(void **state) {
         free(p[i]);
 }
 
-/* Runs fn in a child with stderr on a pipe; returns bytes it wrote there. */
-static size_t stderr_bytes_of(void (*fn)(void)) {
-    int fd[2];
-    assert_int_equal(pipe(fd), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(fd[0]);
-        dup2(fd[1], 2);
-        fn();
-        _exit(0);
-    }
-    close(fd[1]);
-    char buf[4096];
-    size_t total = 0;
-    ssize_t r;
-    while ((r = read(fd[0], buf, sizeof buf)) > 0)
-        total += (size_t)r;
-    close(fd[0]);
-    int st = 0;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("child status 0x%x", st);
-    return total;
+/* Bytes fn wrote to stderr, run in a child that must exit normally. */
+static size_t stderr_bytes_of(void (*fn)(void *)) {
+    struct death d;
+    run_child(fn, NULL, &d);
+    if (d.timedout || !WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
+        fail_msg("child status 0x%x", d.status);
+    return d.len;
 }
 
-static void call_malloc_stats(void) {
+static void call_malloc_stats(void *unused) {
+    (void)unused;
     void *p = malloc(1000);
     malloc_stats();
     free(p);
@@ -846,7 +832,8 @@ static void test_hak_aligned_family(void **state) {
     assert_true(r == 0 || r == 1);
 }
 
-static void call_hak_malloc_stats(void) {
+static void call_hak_malloc_stats(void *unused) {
+    (void)unused;
     hak_malloc_stats();
 }
 
