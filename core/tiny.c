@@ -54,20 +54,11 @@ static struct ss_slab **tiny_list(struct tiny_heap *h, struct ss_slab *s) {
 
 static void tiny_list_push(struct tiny_heap *h, struct ss_slab *s, uint8_t where) {
     s->where = where;
-    struct ss_slab **head = tiny_list(h, s);
-    s->prev = NULL;
-    s->next = *head;
-    if (*head) (*head)->prev = s;
-    *head = s;
+    ss_slab_push(tiny_list(h, s), s);
 }
 
 static void tiny_list_unlink(struct tiny_heap *h, struct ss_slab *s) {
-    struct ss_slab **head = tiny_list(h, s);
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        *head = s->next;
-    if (s->next) s->next->prev = s->prev;
+    ss_slab_unlink(tiny_list(h, s), s);
 }
 
 /* ---- heaps ----------------------------------------------------------------- */

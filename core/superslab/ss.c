@@ -24,21 +24,6 @@ void ss_note_carved(size_t bytes) {
 
 #define SS_ALL_SLOTS (~(uint32_t)0 << SS_FIRST_SLOT)
 
-static void slab_push(struct ss_slab **head, struct ss_slab *s) {
-    s->prev = NULL;
-    s->next = *head;
-    if (*head) (*head)->prev = s;
-    *head = s;
-}
-
-static void slab_unlink(struct ss_slab **head, struct ss_slab *s) {
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        *head = s->next;
-    if (s->next) s->next->prev = s->prev;
-}
-
 static void ss_push(struct superslab **head, struct superslab *ss) {
     ss->prev = NULL;
     ss->next = *head;
@@ -95,7 +80,7 @@ struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
     hak_lock(&ss_lock);
     if ((s = ss_empty[cls]) != NULL) {
         /* Stage 1: this class's own empty slab, blocks already carved. */
-        slab_unlink(&ss_empty[cls], s);
+        ss_slab_unlink(&ss_empty[cls], s);
         ss_of(s)->nempty--;
         ss_of(s)->nactive++;
         ss_st.stage1++;
@@ -106,7 +91,7 @@ struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
         for (uint32_t c = 0; c < TINY_NCLASSES && s == NULL; c++) {
             if ((s = ss_empty[c]) == NULL) continue;
             /* Stage 2, recycled: another class's empty slab, re-cut. */
-            slab_unlink(&ss_empty[c], s);
+            ss_slab_unlink(&ss_empty[c], s);
             ss_of(s)->nempty--;
             ss_of(s)->nactive++;
             ss_slab_reset(s, cls, size);
@@ -140,7 +125,7 @@ struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
 static void ss_retire(struct superslab *ss) {
     for (uint32_t i = SS_FIRST_SLOT; i < SS_NSLOTS; i++) {
         struct ss_slab *s = &ss->slab[i];
-        if (s->state == SS_EMPTY) slab_unlink(&ss_empty[s->cls], s);
+        if (s->state == SS_EMPTY) ss_slab_unlink(&ss_empty[s->cls], s);
         atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size, memory_order_relaxed);
         s->carved = 0;
         s->state = SS_UNUSED;
@@ -167,7 +152,7 @@ void ss_release(struct ss_slab *s) {
     hak_lock(&ss_lock);
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_relaxed);
     s->state = SS_EMPTY;
-    slab_push(&ss_empty[s->cls], s);
+    ss_slab_push(&ss_empty[s->cls], s);
     ss->nactive--;
     ss->nempty++;
     ss_st.releases++;

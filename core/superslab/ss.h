@@ -64,6 +64,23 @@ HAK_INLINE struct ss_slab *ss_slab_of(const void *p) {
     return &ss_of(p)->slab[((uintptr_t)p >> SS_SLOT_SHIFT) & (SS_NSLOTS - 1)];
 }
 
+/* Slab lists (doubly linked through next/prev), used by the SuperSlab's
+ * per-class EMPTY lists and by the heaps' lists. */
+static inline void ss_slab_push(struct ss_slab **head, struct ss_slab *s) {
+    s->prev = NULL;
+    s->next = *head;
+    if (*head) (*head)->prev = s;
+    *head = s;
+}
+
+static inline void ss_slab_unlink(struct ss_slab **head, struct ss_slab *s) {
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        *head = s->next;
+    if (s->next) s->next->prev = s->prev;
+}
+
 /* First byte of the slot a descriptor describes. */
 static inline uint8_t *ss_slab_base(const struct ss_slab *s) {
     struct superslab *ss = ss_of(s);
