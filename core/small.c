@@ -117,11 +117,11 @@ void small_free_slow(void *p, uint32_t cls) {
         small_put_shared(cls, p, p); /* uncached */
         return;
     }
-    if (!tc_reserve(cls)) { /* full: give half back */
+    if (!tc_push(cls, p)) { /* full: give half back */
+        tc_refund(cls);
         small_give_back(cls, tc_batch(cls));
-        tc_reserve(cls);
+        tc_push(cls, p);
     }
-    tc_push_reserved(cls, p);
 }
 
 void small_thread_flush(void) {

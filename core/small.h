@@ -41,11 +41,14 @@ HAK_INLINE void small_free(void *p, uint32_t cls, const char *fn) {
     if (hak_unlikely(hak_tc.head[cls] == p)) return diag_reject(fn, "double free", p);
     /* Tiny-class blocks of this tier must not mix with Tiny's cached ones:
      * a cap of 0 sends them (and uncached threads' frees) to the slow path. */
-    if (hak_unlikely(cls < TINY_NCLASSES || !tc_reserve(cls))) {
+    if (hak_unlikely(cls < TINY_NCLASSES)) {
         small_free_slow(p, cls);
         return;
     }
-    tc_push_reserved(cls, p);
+    if (hak_unlikely(!tc_push(cls, p))) {
+        tc_refund(cls);
+        small_free_slow(p, cls);
+    }
 }
 
 /* Return every block this thread caches to the shared lists. */

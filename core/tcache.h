@@ -14,11 +14,11 @@ struct tiny_heap;
 struct hak_tcache {
     void *head[SMALL_NCLASSES]; /* free blocks, linked through word 0 */
     /* Blocks each list may still take. Free's whole capacity check is one
-     * decrement that must not go below zero. 0 while the caches are closed:
+     * decrement and a sign test. 0 while the caches are closed:
      * until this thread's first slow path (and again after its exit hook
      * ran), so a thread's first free of a class also takes a slow path,
      * which arms the exit hook (tc_thread_start). */
-    uint16_t room[SMALL_NCLASSES];
+    int16_t room[SMALL_NCLASSES];
     bool open;              /* caches open: room counts from small_class_cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
     /* Tiny allocs and frees served by this cache, for stats: one add each on
@@ -37,18 +37,20 @@ HAK_INLINE void *tc_pop(uint32_t cls) {
     return p;
 }
 
-/* Take one unit of room for a push; false (room unchanged) when the list is
- * full or the caches are closed. */
-HAK_INLINE bool tc_reserve(uint32_t cls) {
-    if (hak_unlikely(hak_tc.room[cls] == 0)) return false;
-    hak_tc.room[cls]--;
+/* Push p. When the list is full or the caches are closed nothing is pushed
+ * and false comes back with the room overdrawn to -1: the caller's slow path
+ * gives that unit back (tc_refund) first. Restoring it here would cost the
+ * fast path a register and two instructions. */
+HAK_INLINE bool tc_push(uint32_t cls, void *p) {
+    if (hak_unlikely(--hak_tc.room[cls] < 0)) return false;
+    *(void **)p = hak_tc.head[cls];
+    hak_tc.head[cls] = p;
     return true;
 }
 
-/* Push p; its room was reserved (tc_reserve) or is known to be there. */
-HAK_INLINE void tc_push_reserved(uint32_t cls, void *p) {
-    *(void **)p = hak_tc.head[cls];
-    hak_tc.head[cls] = p;
+/* Undo the overdraft of a tc_push that returned false. */
+static inline void tc_refund(uint32_t cls) {
+    hak_tc.room[cls]++;
 }
 
 /* Blocks on the list of cls. */
@@ -60,7 +62,7 @@ static inline uint32_t tc_count(uint32_t cls) {
 static inline void tc_push_chain(uint32_t cls, void *first, void *last, uint32_t n) {
     *(void **)last = hak_tc.head[cls];
     hak_tc.head[cls] = first;
-    hak_tc.room[cls] = (uint16_t)(hak_tc.room[cls] - n);
+    hak_tc.room[cls] = (int16_t)(hak_tc.room[cls] - n);
 }
 
 /* Detach the first n (<= count) blocks of cls; returns the first, *last the
@@ -70,7 +72,7 @@ static inline void *tc_take(uint32_t cls, uint32_t n, void **last) {
     for (uint32_t i = 1; i < n; i++)
         b = *(void **)b;
     hak_tc.head[cls] = *(void **)b;
-    hak_tc.room[cls] = (uint16_t)(hak_tc.room[cls] + n);
+    hak_tc.room[cls] = (int16_t)(hak_tc.room[cls] + n);
     *last = b;
     return first;
 }

@@ -123,7 +123,7 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
         for (uint32_t i = 1; i < carve; i++, b += s->size)
             *(void **)b = b + s->size;
         last = b;
-        s->carved = (uint16_t)(s->carved + carve);
+        ss_set_carved(s, s->carved + carve);
         ss_note_carved((size_t)carve * s->size);
         n += carve;
     }
@@ -197,7 +197,7 @@ void *tiny_alloc_slow(uint32_t cls) {
         return NULL;
     }
     /* Pre-warm: a thread's first refill of a class fills the whole cache. */
-    uint32_t want = h->warm[cls] ? tc_batch(cls) : hak_tc.room[cls];
+    uint32_t want = h->warm[cls] ? tc_batch(cls) : (uint32_t)hak_tc.room[cls];
     h->warm[cls] = true;
     struct ss_slab *s = h->cur[cls];
     while (s == NULL || tiny_take(s, cls, want) == 0) {
@@ -234,9 +234,9 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
 void tiny_free_slow(void *p, uint32_t cls) {
     /* Only the owner gets here, and owning a slab means the caches are open:
      * the list is full. Give half back, then keep p. */
+    tc_refund(cls);
     tiny_give_back(hak_tc.heap, cls, tc_batch(cls));
-    tc_reserve(cls);
-    tc_push_reserved(cls, p);
+    tc_push(cls, p);
 }
 
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {

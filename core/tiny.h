@@ -26,10 +26,10 @@ HAK_INLINE void *tiny_alloc(uint32_t cls) {
     return p;
 }
 
-/* Free p, whose region entry says RMAP_TINY; `fn` names the API call. */
+/* Free p, a pointer into a SuperSlab; `fn` names the API call. */
 HAK_INLINE void tiny_free(void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
-    if (hak_unlikely(ss_block_index(s, p) < 0)) return diag_reject(fn, "invalid pointer", p);
+    if (hak_unlikely(!ss_is_block(s, p))) return diag_reject(fn, "invalid pointer", p);
     if (hak_unlikely(atomic_load_explicit(&s->owner, memory_order_relaxed) != hak_tc.heap)) {
         tiny_free_remote(p, s, fn);
         return;
@@ -38,19 +38,15 @@ HAK_INLINE void tiny_free(void *p, const char *fn) {
     /* The cheapest double-free check: the block freed last in this class. */
     if (hak_unlikely(hak_tc.head[cls] == p)) return diag_reject(fn, "double free", p);
     hak_tc.frees[cls]++;
-    if (hak_unlikely(!tc_reserve(cls))) {
-        tiny_free_slow(p, cls);
-        return;
-    }
-    tc_push_reserved(cls, p);
+    if (hak_unlikely(!tc_push(cls, p))) tiny_free_slow(p, cls);
 }
 
-/* Block size of p (RMAP_TINY); aborts naming p when it is not a block. */
+/* Block size of p (a pointer into a SuperSlab); aborts naming p when it is
+ * not a block. */
 HAK_INLINE size_t tiny_usable_size(const void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
     /* An EMPTY slab keeps its carved count; its blocks are all free. */
-    if (ss_block_index(s, p) < 0 || s->state != SS_ACTIVE)
-        diag_bad_pointer(fn, "invalid pointer", p);
+    if (!ss_is_block(s, p) || s->state != SS_ACTIVE) diag_bad_pointer(fn, "invalid pointer", p);
     return s->size;
 }
 

@@ -125,8 +125,14 @@ static void carve(struct ss_slab *s, uint32_t n) {
         *(void **)b = i + 1 < n ? b + s->size : NULL;
     }
     s->free = n ? base : NULL;
-    s->carved = (uint16_t)n;
+    ss_set_carved(s, n);
     ss_note_carved((size_t)n * s->size);
+}
+
+/* Index of block p in s, or -1 when ss_is_block says it is not one. */
+static int32_t block_index(const struct ss_slab *s, const void *p) {
+    if (!ss_is_block(s, p)) return -1;
+    return (int32_t)(((uintptr_t)p & (SS_SLOT_SIZE - 1)) / s->size);
 }
 
 static bool is_unmapped(const void *p) {
@@ -174,15 +180,44 @@ static void test_acquire_geometry(void **state) {
         memset(base + (size_t)s->carved * size, 0x5a, SS_SLOT_SIZE - (size_t)s->carved * size);
         /* Block starts are recognised only once carved. */
         uint16_t carved = s->carved;
-        assert_int_equal(ss_block_index(s, base + (size_t)carved * size), -1);
-        s->carved = s->capacity;
+        assert_int_equal(block_index(s, base + (size_t)carved * size), -1);
+        ss_set_carved(s, s->capacity);
         for (uint32_t k = 0; k < s->capacity; k += 7) {
-            assert_int_equal(ss_block_index(s, base + (size_t)k * size), (int32_t)k);
-            assert_int_equal(ss_block_index(s, base + (size_t)k * size + 8), -1);
-            if (size > 16) assert_int_equal(ss_block_index(s, base + (size_t)k * size + 16), -1);
+            assert_int_equal(block_index(s, base + (size_t)k * size), (int32_t)k);
+            assert_int_equal(block_index(s, base + (size_t)k * size + 8), -1);
+            if (size > 16) assert_int_equal(block_index(s, base + (size_t)k * size + 16), -1);
         }
-        s->carved = carved;
+        ss_set_carved(s, carved);
     }
+}
+
+/* ss_is_block against plain arithmetic, for every Tiny class, every offset in
+ * a slot and a spread of carved counts (none, one, some, all). */
+static void test_block_test_exhaustive(void **state) {
+    (void)state;
+    struct superslab *ss = calloc(1, sizeof *ss); /* descriptors only */
+    assert_non_null(ss);
+    struct ss_slab *s = &ss->slab[SS_FIRST_SLOT];
+    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
+        uint32_t size = small_class_size[cls], cap = (uint32_t)(SS_SLOT_SIZE / size);
+        s->size = (uint16_t)size;
+        s->div_mul = (uint32_t)(((uint64_t)1 << 32) / size + 1);
+        const uint32_t carved[] = {0, 1, cap / 3, cap - 1, cap};
+        for (size_t c = 0; c < sizeof carved / sizeof carved[0]; c++) {
+            ss_set_carved(s, carved[c]);
+            for (uint32_t off = 0; off < SS_SLOT_SIZE; off++) {
+                bool want = off % size == 0 && off / size < carved[c];
+                if (ss_is_block(s, (void *)((uintptr_t)5 << 30 | off)) != want)
+                    fail_msg("class %u size %u carved %u offset %u: got %d", cls, size, carved[c],
+                             off, !want);
+            }
+        }
+    }
+    /* A slot never cut (all zero) holds no block. */
+    memset(s, 0, sizeof *s);
+    for (uint32_t off = 0; off < SS_SLOT_SIZE; off += 16)
+        assert_false(ss_is_block(s, (void *)(uintptr_t)off));
+    free(ss);
 }
 
 /* ---- stages 3 and 2: a new SuperSlab, then its UNUSED slots ---------------- */
@@ -329,7 +364,7 @@ static void test_stage1_after_thread_exit(void **state) {
     uint32_t n = 0;
     uint64_t seen[SS_SLOT_SIZE / 16 / 64] = {0};
     for (void *b = x->free; b; b = *(void **)b, n++) {
-        int32_t k = ss_block_index(x, b);
+        int32_t k = block_index(x, b);
         assert_true(k >= 0);
         assert_false(seen[k / 64] & (1ull << (k % 64)));
         seen[k / 64] |= 1ull << (k % 64);
@@ -337,7 +372,7 @@ static void test_stage1_after_thread_exit(void **state) {
     }
     assert_int_equal(n, x->carved);
     for (int i = 0; i < 20; i++) {
-        int32_t k = ss_block_index(x, blocks[i]);
+        int32_t k = block_index(x, blocks[i]);
         assert_true(k >= 0 && (seen[k / 64] & (1ull << (k % 64))));
     }
 }
@@ -371,10 +406,10 @@ static void test_empty_slab_of_other_class_is_recut(void **state) {
     assert_null(y->free);
     assert_null(atomic_load(&y->remote));
     uint8_t *base = ss_slab_base(y);
-    y->carved = 3;
-    assert_int_equal(ss_block_index(y, base + 2 * (size_t)size), 2);
-    assert_int_equal(ss_block_index(y, base + small_class_size[CLS_A]), -1);
-    y->carved = 0;
+    ss_set_carved(y, 3);
+    assert_int_equal(block_index(y, base + 2 * (size_t)size), 2);
+    assert_int_equal(block_index(y, base + small_class_size[CLS_A]), -1);
+    ss_set_carved(y, 0);
 }
 
 /* An UNUSED slot is preferred to re-cutting another class's EMPTY slab. */
@@ -569,6 +604,7 @@ static void test_malloc_trim_unmaps_cached_superslabs(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_acquire_geometry, release_held),
+        cmocka_unit_test(test_block_test_exhaustive),
         cmocka_unit_test_teardown(test_new_superslab_then_its_unused_slots, release_held),
         cmocka_unit_test_teardown(test_release_then_acquire_same_class_is_stage1, release_held),
         cmocka_unit_test_teardown(test_stage1_after_thread_exit, release_held),

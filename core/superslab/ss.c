@@ -43,10 +43,10 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
     atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size, memory_order_relaxed);
     s->free = NULL;
     atomic_store_explicit(&s->remote, NULL, memory_order_relaxed);
-    s->magic = ((uint64_t)1 << 42) / size + 1;
+    s->div_mul = (uint32_t)(((uint64_t)1 << 32) / size + 1);
     s->size = (uint16_t)size;
     s->capacity = (uint16_t)(SS_SLOT_SIZE / size);
-    s->carved = 0;
+    ss_set_carved(s, 0);
     s->used = 0;
     s->cls = (uint8_t)cls;
 }
@@ -127,7 +127,7 @@ static void ss_retire(struct superslab *ss) {
         struct ss_slab *s = &ss->slab[i];
         if (s->state == SS_EMPTY) ss_slab_unlink(&ss_empty[s->cls], s);
         atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size, memory_order_relaxed);
-        s->carved = 0;
+        ss_set_carved(s, 0);
         s->state = SS_UNUSED;
     }
     if (ss->unused_mask) ss_unlink(&ss_partial, ss);

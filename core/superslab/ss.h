@@ -36,12 +36,17 @@ struct ss_slab {
     void *free;                        /* owner-only free list */
     _Atomic(void *) remote;            /* blocks freed by other threads (stack) */
     _Atomic(struct tiny_heap *) owner; /* the heap that may use `free` */
-    uint64_t magic;                    /* floor(2^42 / size) + 1: divide by size */
     struct ss_slab *next, *prev;       /* the list the slab is on */
-    uint16_t size;                     /* block size */
-    uint16_t capacity;                 /* blocks in the slot */
-    uint16_t carved;                   /* blocks ever carved, from the slot start */
-    uint16_t used;                     /* blocks out: in caches or with the program */
+    /* Block test without a division (ss_is_block): offset * div_mul, mod
+     * 2^32, is k * div_step for the start of block k and at least div_mul
+     * for any other offset; valid_lim = carved * div_step. 0 and 0 in a slot
+     * that was never cut, so nothing in it passes. */
+    uint32_t div_mul; /* floor(2^32 / size) + 1 */
+    uint32_t valid_lim;
+    uint16_t size;     /* block size */
+    uint16_t capacity; /* blocks in the slot */
+    uint16_t carved;   /* blocks ever carved, from the slot start */
+    uint16_t used;     /* blocks out: in caches or with the program */
     uint8_t cls;
     uint8_t state; /* enum ss_state; changed under the SuperSlab lock */
     uint8_t where; /* which of its heap's lists it is on (tiny.c) */
@@ -87,12 +92,21 @@ static inline uint8_t *ss_slab_base(const struct ss_slab *s) {
     return (uint8_t *)ss + ((size_t)(s - ss->slab) << SS_SLOT_SHIFT);
 }
 
-/* Index of block p in its slab, or -1 when p is not a block start that was
- * ever carved. */
-HAK_INLINE int32_t ss_block_index(const struct ss_slab *s, const void *p) {
+/* True when p is the start of a block of s that was ever carved: one
+ * multiply and one compare. With d = size, m = div_mul and e = d*m - 2^32
+ * (1 <= e <= d), the offset k*d + r of p in its slot gives, mod 2^32,
+ * k*e + r*m: k*e < carved*e for a carved block start (r = 0), and at least
+ * m > 2^22 > valid_lim for r > 0, without wrapping, since the offset is
+ * below 2^16 and d at most 1024. */
+HAK_INLINE bool ss_is_block(const struct ss_slab *s, const void *p) {
     uint32_t off = (uint32_t)((uintptr_t)p & (SS_SLOT_SIZE - 1));
-    uint32_t idx = (uint32_t)(((uint64_t)off * s->magic) >> 42); /* exact for off < 2^16 */
-    return (idx * s->size == off && idx < s->carved) ? (int32_t)idx : -1;
+    return off * s->div_mul < s->valid_lim;
+}
+
+/* Record that the first n blocks of s have been carved. */
+static inline void ss_set_carved(struct ss_slab *s, uint32_t n) {
+    s->carved = (uint16_t)n;
+    s->valid_lim = n * (s->size * s->div_mul); /* div_step, mod 2^32 */
 }
 
 /* An ACTIVE slab for class cls (block size `size`), or NULL when out of
