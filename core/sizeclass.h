@@ -9,10 +9,10 @@
 /* Classes 0 .. TINY_NCLASSES-1 are the sizes up to 1024 B (the Tiny tier). */
 #define TINY_NCLASSES 20
 
-extern const uint32_t small_class_size[SMALL_NCLASSES];
-extern const uint16_t small_class_cap[SMALL_NCLASSES];
-extern const uint64_t small_class_magic[SMALL_NCLASSES];
-extern const uint8_t small_class_lut[65];
+extern HAK_HIDDEN const uint32_t small_class_size[SMALL_NCLASSES];
+extern HAK_HIDDEN const uint16_t small_class_cap[SMALL_NCLASSES];
+extern HAK_HIDDEN const uint64_t small_class_magic[SMALL_NCLASSES];
+extern HAK_HIDDEN const uint8_t small_class_lut[65];
 
 /* Class for a request of n bytes, n <= HAK_SMALL_MAX. */
 HAK_INLINE uint32_t small_class_of(size_t n) {

@@ -26,7 +26,7 @@ struct hak_tcache {
     uint64_t allocs[TINY_NCLASSES], frees[TINY_NCLASSES];
 };
 
-extern __thread struct hak_tcache hak_tc;
+extern HAK_HIDDEN __thread struct hak_tcache hak_tc;
 
 HAK_INLINE void *tc_pop(uint32_t cls) {
     void *p = hak_tc.head[cls];

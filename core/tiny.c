@@ -192,19 +192,15 @@ void *tiny_alloc_slow(uint32_t cls) {
      * it one block at a time. */
     if (!hak_tc.open && !tc_thread_start()) return small_alloc_uncached(cls);
     struct tiny_heap *h = hak_tc.heap;
-    if (h == NULL && (h = hak_tc.heap = tiny_heap_get()) == NULL) {
-        errno = ENOMEM;
-        return NULL;
-    }
+    if (h == NULL && (h = hak_tc.heap = tiny_heap_get()) == NULL) return small_alloc_uncached(cls);
     /* Pre-warm: a thread's first refill of a class fills the whole cache. */
     uint32_t want = h->warm[cls] ? tc_batch(cls) : (uint32_t)hak_tc.room[cls];
     h->warm[cls] = true;
     struct ss_slab *s = h->cur[cls];
     while (s == NULL || tiny_take(s, cls, want) == 0) {
-        if ((s = tiny_next_slab(h, cls)) == NULL) {
-            errno = ENOMEM;
-            return NULL;
-        }
+        /* No slab: the SuperSlab range is full (or was refused) or the OS
+         * is out of memory. The small tier has its own mappings. */
+        if ((s = tiny_next_slab(h, cls)) == NULL) return small_alloc_uncached(cls);
     }
     tiny_stat(cls, ST_REFILLS, 1);
     hak_tc.allocs[cls]++;

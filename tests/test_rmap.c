@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "box/rmap.h"
+#include "superslab/ss.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -99,7 +100,10 @@ static void test_concurrent_leaf_creation(void **state) {
 static void test_real_blocks_have_their_tier(void **state) {
     (void)state;
     void *tiny = malloc(100), *small = malloc(5000), *large = malloc(3 << 20);
-    assert_int_equal(rmap_kind_of(rmap_get(tiny)), RMAP_TINY);
+    /* Tiny blocks live in the SuperSlab range, outside the region map. */
+    assert_true(ss_contains(tiny));
+    assert_int_equal(rmap_get(tiny), RMAP_NONE);
+    assert_false(ss_contains(small) || ss_contains(large));
     assert_int_equal(rmap_kind_of(rmap_get(small)), RMAP_SMALL);
     assert_int_equal(rmap_kind_of(rmap_get(large)), RMAP_LARGE);
     free(tiny);

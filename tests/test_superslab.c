@@ -18,9 +18,10 @@
 
 #include "box/config.h"
 #include "box/os.h"
-#include "box/rmap.h"
 #include "sizeclass.h"
 #include "superslab/ss.h"
+
+#include "maps.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -135,9 +136,11 @@ static int32_t block_index(const struct ss_slab *s, const void *p) {
     return (int32_t)(((uintptr_t)p & (SS_SLOT_SIZE - 1)) / s->size);
 }
 
-static bool is_unmapped(const void *p) {
-    unsigned char v;
-    return mincore((void *)p, HAK_PAGE_SIZE, &v) == -1 && errno == ENOMEM;
+/* The SuperSlab ss went back to the OS: its place in the range is read-only
+ * and not in memory, its header reads as zero. */
+static bool given_back(const struct superslab *ss) {
+    /* Residency first: reading the header maps the zero page in. */
+    return ss_contains(ss) && maps_given_back(ss, SS_SIZE) && !ss_is_mapped(ss);
 }
 
 /* ---- geometry ---------------------------------------------------------------- */
@@ -153,9 +156,9 @@ static void test_acquire_geometry(void **state) {
         struct superslab *ss = ss_of(s);
         uint8_t *base = ss_slab_base(s);
         assert_int_equal(s->state, SS_ACTIVE);
-        assert_int_equal(rmap_kind_of(rmap_get(s)), RMAP_TINY);
-        assert_int_equal(rmap_get(base), rmap_entry(RMAP_TINY, 0));
-        assert_int_equal(rmap_get((uint8_t *)ss + SS_SIZE - 1), rmap_entry(RMAP_TINY, 0));
+        assert_true(ss_contains(s) && ss_contains(base));
+        assert_true(ss_contains((uint8_t *)ss + SS_SIZE - 1));
+        assert_true(ss_is_mapped(ss));
         assert_int_equal((uintptr_t)ss & (SS_SIZE - 1), 0);
         assert_int_equal((uintptr_t)base & (SS_SLOT_SIZE - 1), 0);
         assert_true(slot_of(s) >= SS_FIRST_SLOT && slot_of(s) < SS_NSLOTS);
@@ -236,7 +239,7 @@ static void test_new_superslab_then_its_unused_slots(void **state) {
     assert_int_equal(after.stage3_cache - before.stage3_cache, 0);
     assert_int_equal(after.live - before.live, 1);
     uint64_t dm = os_calls(OS_MMAP) - mmaps;
-    assert_true(dm >= 1 && dm <= 3); /* the SuperSlab (a region-map leaf at most) */
+    assert_true(dm >= 1 && dm <= 3); /* the SuperSlab (and the range, the first time) */
     assert_true(after.stage2 - before.stage2 >= DATA_SLOTS - 1);
     /* 31 distinct data slots of one SuperSlab, the header slot never. */
     uint32_t seen = 0;
@@ -350,7 +353,7 @@ static void test_stage1_after_thread_exit(void **state) {
     assert_int_equal(pthread_create(&t, NULL, one_thread_alloc, blocks), 0);
     assert_int_equal(pthread_join(t, NULL), 0);
     struct ss_slab *ts = ss_slab_of(blocks[0]);
-    assert_int_equal(rmap_get(blocks[0]), rmap_entry(RMAP_TINY, 0));
+    assert_true(ss_contains(blocks[0]));
     assert_int_equal(ts->state, SS_EMPTY);
     assert_int_equal(ts->cls, CLS_A);
     assert_true(ts->carved >= 20);
@@ -472,8 +475,10 @@ static void test_retired_superslab_cached_then_reused(void **state) {
         assert_int_equal(ss->slab[i].carved, 0);
     }
     assert_int_equal(ss->nactive, 0);
-    assert_int_equal(rmap_get(ss), rmap_entry(RMAP_TINY, 0));
-    assert_false(is_unmapped(ss_slab_base(s[3])));
+    assert_true(ss_is_mapped(ss));
+    char perms[5];
+    assert_true(maps_perms(ss_slab_base(s[3]), perms) && perms[1] == 'w');
+    assert_false(maps_resident(ss_slab_base(s[3]) + SS_SLOT_SIZE - 1));
 
     /* The next stage-3 acquire takes it from the cache: no mmap. */
     uint64_t mmaps = os_calls(OS_MMAP);
@@ -505,8 +510,9 @@ static void test_retired_superslab_unmapped_without_cache(void **state) {
     ss_trim();
     struct ss_slab *s[DATA_SLOTS];
     struct superslab *ss = take_whole_superslab(CLS_A, s, NULL);
-    assert_int_equal(rmap_get(ss), rmap_entry(RMAP_TINY, 0));
-    uint64_t madv = os_calls(OS_MADVISE), unmaps = os_calls(OS_MUNMAP);
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        memset(ss_slab_base(s[i]), 0x55, SS_SLOT_SIZE);
+    uint64_t madv = os_calls(OS_MADVISE), mmaps = os_calls(OS_MMAP);
     struct ss_stats a = stats();
     for (uint32_t i = 0; i < DATA_SLOTS; i++)
         ss_release(s[i]);
@@ -515,19 +521,25 @@ static void test_retired_superslab_unmapped_without_cache(void **state) {
     assert_int_equal(b.unmapped - a.unmapped, 1);
     assert_int_equal(b.cached, a.cached);
     assert_int_equal(a.live - b.live, 1);
-    assert_int_equal(os_calls(OS_MUNMAP) - unmaps, 1);
+    /* One syscall: a read-only mapping replaces it, keeping its place. */
+    assert_int_equal(os_calls(OS_MMAP) - mmaps, 1);
     assert_int_equal(os_calls(OS_MADVISE), madv);
-    assert_int_equal(rmap_get(ss), RMAP_NONE);
-    assert_int_equal(rmap_get((uint8_t *)ss + SS_SIZE - 1), RMAP_NONE);
-    assert_true(is_unmapped(ss));
-    assert_true(is_unmapped((uint8_t *)ss + SS_SIZE - HAK_PAGE_SIZE));
+    assert_true(given_back(ss));
+    /* No pointer into it passes as a block any more. */
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        assert_false(ss_is_block(s[i], ss_slab_base(s[i])));
 
-    /* Nothing cached: the next SuperSlab comes from the OS. */
-    uint64_t mmaps = os_calls(OS_MMAP);
+    /* Nothing cached: the next SuperSlab comes from the OS, in the place
+     * just given back (the lowest free one). */
+    mmaps = os_calls(OS_MMAP);
     enum stage st;
-    hold(acquire(CLS_A, &st));
+    struct ss_slab *x = acquire(CLS_A, &st);
+    hold(x);
     assert_int_equal(st, ST_3_OS);
-    assert_true(os_calls(OS_MMAP) > mmaps);
+    assert_ptr_equal(ss_of(x), ss);
+    assert_true(ss_is_mapped(ss));
+    assert_int_equal(os_calls(OS_MMAP) - mmaps, 1);
+    memset(ss_slab_base(x), 0x66, SS_SLOT_SIZE); /* writable again */
 }
 
 static void test_cache_bound_then_unmap(void **state) {
@@ -548,8 +560,8 @@ static void test_cache_bound_then_unmap(void **state) {
     assert_int_equal(b.retired - a.retired, 2);
     assert_int_equal(b.cached - a.cached, 1);
     assert_int_equal(b.unmapped - a.unmapped, 1);
-    assert_int_equal(rmap_get(ss1), rmap_entry(RMAP_TINY, 0));
-    assert_int_equal(rmap_get(ss2), RMAP_NONE);
+    assert_true(ss_is_mapped(ss1));
+    assert_true(given_back(ss2));
 }
 
 static void test_trim_unmaps_cached_superslabs(void **state) {
@@ -566,21 +578,19 @@ static void test_trim_unmaps_cached_superslabs(void **state) {
     struct ss_stats b = stats();
     assert_int_equal(b.cached - a.cached, 2);
     assert_int_equal(b.unmapped, a.unmapped);
-    uint64_t unmaps = os_calls(OS_MUNMAP);
+    uint64_t mmaps = os_calls(OS_MMAP);
     assert_true(ss_trim());
     struct ss_stats c = stats();
     assert_int_equal(c.cached, 0);
     assert_int_equal(c.unmapped - b.unmapped, b.cached);
     assert_int_equal(b.live - c.live, b.cached);
-    assert_int_equal(os_calls(OS_MUNMAP) - unmaps, b.cached);
-    assert_int_equal(rmap_get(ss1), RMAP_NONE);
-    assert_int_equal(rmap_get(ss2), RMAP_NONE);
-    assert_true(is_unmapped(ss1));
-    assert_true(is_unmapped(ss2));
+    assert_int_equal(os_calls(OS_MMAP) - mmaps, b.cached);
+    assert_true(given_back(ss1));
+    assert_true(given_back(ss2));
     /* Nothing left to trim. */
-    unmaps = os_calls(OS_MUNMAP);
+    mmaps = os_calls(OS_MMAP);
     assert_false(ss_trim());
-    assert_int_equal(os_calls(OS_MUNMAP), unmaps);
+    assert_int_equal(os_calls(OS_MMAP), mmaps);
 }
 
 /* malloc_trim() goes through ss_trim too. */
@@ -591,14 +601,14 @@ static void test_malloc_trim_unmaps_cached_superslabs(void **state) {
     struct superslab *ss = take_whole_superslab(CLS_A, s, NULL);
     for (uint32_t i = 0; i < DATA_SLOTS; i++)
         ss_release(s[i]);
-    assert_int_equal(rmap_get(ss), rmap_entry(RMAP_TINY, 0));
+    assert_true(ss_is_mapped(ss));
     struct ss_stats a = stats();
     assert_true(a.cached >= 1);
     malloc_trim(0);
     struct ss_stats b = stats();
     assert_int_equal(b.cached, 0);
     assert_true(b.unmapped - a.unmapped >= a.cached);
-    assert_int_equal(rmap_get(ss), RMAP_NONE);
+    assert_true(given_back(ss));
 }
 
 int main(void) {

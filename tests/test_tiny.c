@@ -334,7 +334,7 @@ static void test_remote_frees_under_concurrency(void **state) {
     uint32_t orphans = 0;
     for (uint32_t i = 0; i < RC_N; i++) {
         void *p = rc_blocks[i];
-        if (rmap_get(p) != rmap_entry(RMAP_TINY, 0)) continue; /* unmapped since */
+        if (!ss_is_mapped(p)) continue; /* given back since */
         struct ss_slab *s = ss_slab_of(p);
         if (s->state == SS_ACTIVE && atomic_load(&s->owner) == SS_NO_OWNER) orphans++;
     }
@@ -695,7 +695,7 @@ static void rx_segv(int sig, siginfo_t *si, void *ctx) {
     if (pg && a >= pg && a < pg + 2 * HAK_PAGE_SIZE) {
         if (rx_is_freer) {
             atomic_store(&rx_stalled, 1);
-            for (int i = 0; i < 2000 && rmap_get(rx_block) != RMAP_NONE; i++) {
+            for (int i = 0; i < 2000 && ss_is_mapped(rx_block); i++) {
                 struct timespec ts = {0, 1000000};
                 nanosleep(&ts, NULL);
             }
@@ -757,7 +757,7 @@ static void rx_child(void *arg) {
     atomic_store(&rx_start, 1);
     pthread_join(o, NULL);
     pthread_join(f, NULL);
-    if (rmap_get(rx_block) != RMAP_NONE) _exit(3); /* the SuperSlab was not unmapped */
+    if (ss_is_mapped(rx_block)) _exit(3); /* the SuperSlab was not unmapped */
     _exit(atomic_load(&rx_stalled) ? 0 : 4);
 }
 
@@ -823,7 +823,7 @@ static void test_free_interior_tiny_pointer(void **state) {
     const size_t sizes[] = {16, 48, 100, 500, 1000};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         uint8_t *p = malloc(sizes[i]);
-        assert_int_equal(rmap_kind_of(rmap_get(p)), RMAP_TINY);
+        assert_true(ss_contains(p));
         expect_abort(do_free, p + 8, "invalid pointer");
         if (sizes[i] > 16) expect_abort(do_free, p + 16, "invalid pointer");
         expect_abort(do_free, p + 1, "invalid pointer");
@@ -860,7 +860,7 @@ static void test_free_in_superslab_header(void **state) {
     (void)state;
     uint8_t *p = malloc(200);
     uint8_t *ss = (uint8_t *)ss_of(p);
-    assert_int_equal(rmap_get(ss), rmap_entry(RMAP_TINY, 0));
+    assert_true(ss_contains(ss));
     expect_abort(do_free, ss, "invalid pointer");
     expect_abort(do_free, ss + 64, "invalid pointer");
     expect_abort(do_free, ss + 4096, "invalid pointer");
@@ -885,11 +885,48 @@ static void test_free_in_unused_slot(void **state) {
     }
     assert_true(slot != 0);
     uint8_t *base = (uint8_t *)ss + (size_t)slot * SS_SLOT_SIZE;
-    assert_int_equal(rmap_get(base), rmap_entry(RMAP_TINY, 0));
+    assert_true(ss_contains(base));
     expect_abort(do_free, base, "invalid pointer");
     expect_abort(do_free, base + 384, "invalid pointer");
     while (n > 0)
         ss_release(held[--n]);
+    munmap(held, MAX * sizeof *held);
+}
+
+/* A SuperSlab given back to the OS keeps its place in the range, read-only
+ * and zero: a free of a stale pointer into it is refused, not a crash. */
+static void test_free_in_given_back_superslab(void **state) {
+    (void)state;
+    enum { MAX = 4096 };
+    struct ss_slab **held = test_map(MAX * sizeof *held);
+    uint32_t n = 0;
+    struct superslab *ss = NULL;
+    /* Take slabs until one comes from a SuperSlab nobody else uses, then
+     * every other slot of it. */
+    while (n < MAX) {
+        held[n] = ss_acquire(13, small_class_size[13]);
+        assert_non_null(held[n]);
+        ss = ss_of(held[n++]);
+        if (ss->nactive == 1 && ss->unused_mask == (~0u << (SS_FIRST_SLOT + 1))) break;
+    }
+    assert_true(n < MAX);
+    uint32_t first = n - 1;
+    while (ss->unused_mask) {
+        held[n] = ss_acquire(13, small_class_size[13]);
+        assert_ptr_equal(ss_of(held[n++]), ss);
+    }
+    uint8_t *block = ss_slab_base(held[first]);
+    uint64_t cache = hak_cfg.ss_cache;
+    hak_cfg.ss_cache = 0;
+    for (uint32_t i = first; i < n; i++)
+        ss_release(held[i]);
+    hak_cfg.ss_cache = cache;
+    assert_false(ss_is_mapped(ss));
+    assert_true(ss_contains(block));
+    expect_abort(do_free, block, "invalid pointer");
+    expect_abort(do_free, (uint8_t *)ss + SS_SIZE - 1024, "invalid pointer");
+    for (uint32_t i = 0; i < first; i++)
+        ss_release(held[i]);
     munmap(held, MAX * sizeof *held);
 }
 
@@ -965,7 +1002,7 @@ static void test_double_free_after_slab_released(void **state) {
     assert_int_equal(pthread_create(&t, NULL, free_one_and_exit, p), 0);
     assert_int_equal(pthread_join(t, NULL), 0);
     malloc_trim(0);
-    assert_true(rmap_get(p) == RMAP_NONE || ss_slab_of(p)->state != SS_ACTIVE);
+    assert_true(!ss_is_mapped(p) || ss_slab_of(p)->state != SS_ACTIVE);
     expect_abort(do_free, p, "invalid pointer");
 }
 
@@ -983,6 +1020,7 @@ int main(void) {
         cmocka_unit_test_setup(test_free_never_carved_block, setup),
         cmocka_unit_test_setup(test_free_in_superslab_header, setup),
         cmocka_unit_test_setup(test_free_in_unused_slot, setup),
+        cmocka_unit_test_setup(test_free_in_given_back_superslab, setup),
         cmocka_unit_test_setup(test_immediate_double_free, setup),
         cmocka_unit_test_setup(test_double_free_after_flush, setup),
         cmocka_unit_test_setup(test_double_free_after_slab_released, setup),

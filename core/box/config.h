@@ -3,6 +3,8 @@
 #ifndef HAK_CONFIG_H
 #define HAK_CONFIG_H
 
+#include "sizes.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,7 +16,7 @@ struct hak_config {
 };
 
 /* Defaults until config_load runs; then what the environment says. */
-extern struct hak_config hak_cfg;
+extern HAK_HIDDEN struct hak_config hak_cfg;
 
 /* Read the environment; warns once per bad variable and keeps its default. */
 void config_load(void);

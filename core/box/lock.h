@@ -11,7 +11,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-extern __thread bool hak_in_fork;
+extern HAK_HIDDEN __thread bool hak_in_fork;
 
 static inline void hak_lock(pthread_mutex_t *m) {
     if (hak_likely(!hak_in_fork)) pthread_mutex_lock(m);

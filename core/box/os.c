@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 static _Atomic uint64_t os_counts[OS_NCALLS];
 
@@ -26,9 +27,12 @@ uint64_t os_calls(enum os_call kind) {
     return atomic_load_explicit(&os_counts[kind], memory_order_relaxed);
 }
 
-static void *os_mmap(void *hint, size_t size) {
+#define OS_RW   (PROT_READ | PROT_WRITE)
+#define OS_ANON (MAP_PRIVATE | MAP_ANONYMOUS)
+
+static void *os_mmap_as(void *hint, size_t size, int prot, int flags) {
     os_count(OS_MMAP);
-    void *p = mmap(hint, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *p = mmap(hint, size, prot, flags, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
@@ -63,12 +67,12 @@ static uintptr_t os_take_hint(size_t span, size_t align) {
     }
 }
 
-void *os_map_aligned(size_t size, size_t align) {
-    if (align <= HAK_PAGE_SIZE) return os_mmap(NULL, size);
-
+/* A mapping of `size` aligned to `align` (> page) with the given protection
+ * and flags: at a hint address, else over-mapped and trimmed. */
+static void *os_map_aligned_as(size_t size, size_t align, int prot, int flags) {
     uintptr_t hint = os_take_hint(size, align);
     if (hint) {
-        void *p = os_mmap((void *)hint, size);
+        void *p = os_mmap_as((void *)hint, size, prot, flags);
         if (p == NULL) return NULL;
         if (((uintptr_t)p & (align - 1)) == 0) return p;
         os_unmap(p, size); /* the kernel put it elsewhere: range taken */
@@ -77,13 +81,49 @@ void *os_map_aligned(size_t size, size_t align) {
     /* Over-map by align and trim both ends. */
     size_t over = size + align - HAK_PAGE_SIZE;
     if (over < size) return NULL;
-    uint8_t *raw = os_mmap(NULL, over);
+    uint8_t *raw = os_mmap_as(NULL, over, prot, flags);
     if (raw == NULL) return NULL;
     uint8_t *p = (uint8_t *)hak_align_up((uintptr_t)raw, align);
     if (p > raw) os_unmap(raw, (size_t)(p - raw));
     size_t tail = (size_t)(raw + over - (p + size));
     if (tail) os_unmap(p + size, tail);
     return p;
+}
+
+void *os_map_aligned(size_t size, size_t align) {
+    if (align <= HAK_PAGE_SIZE) return os_mmap_as(NULL, size, OS_RW, OS_ANON);
+    return os_map_aligned_as(size, align, OS_RW, OS_ANON);
+}
+
+void *os_reserve(size_t *size, size_t min, size_t align) {
+    size_t want = *size;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        /* Reserved space counts against the limit: leave most of it to the
+         * rest of the program. */
+        while (want > min && want > rl.rlim_cur / 8)
+            want >>= 1;
+    }
+    for (; want >= min; want >>= 1) {
+        void *p = os_map_aligned_as(want, align, PROT_NONE, OS_ANON | MAP_NORESERVE);
+        if (p) {
+            *size = want;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+bool os_commit(void *p, size_t size) {
+    return os_mmap_as(p, size, OS_RW, OS_ANON | MAP_FIXED) != NULL;
+}
+
+void os_uncommit(void *p, size_t size) {
+    /* A fresh read-only mapping in its place: the old pages go, and a
+     * read-only private mapping is not charged against overcommit. Should the
+     * kernel refuse (out of mapping slots), the pages still go back. */
+    if (os_mmap_as(p, size, PROT_READ, OS_ANON | MAP_FIXED | MAP_NORESERVE) == NULL)
+        os_decommit(p, size);
 }
 
 bool os_resize(void *p, size_t old_size, size_t new_size) {

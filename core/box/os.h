@@ -22,6 +22,19 @@ bool os_resize(void *p, size_t old_size, size_t new_size);
  * which it replaces), resizing it; no byte is copied. false when refused. */
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst);
 
+/* Reserve address space: the largest power-of-two size from *size down to
+ * min (both powers of two >= align) that the OS grants, aligned to `align`,
+ * inaccessible and costing no memory; *size says what was granted. Under an
+ * address-space limit (RLIMIT_AS) at most an eighth of it is asked for. NULL
+ * when not even min is granted. */
+void *os_reserve(size_t *size, size_t min, size_t align);
+/* Make [p, p+size) inside a reservation readable and writable, zero-filled. */
+bool os_commit(void *p, size_t size);
+/* Give [p, p+size) inside a reservation back to the OS (its pages and their
+ * commit charge) but keep the addresses: they stay reserved and read as
+ * zeros, and writing them faults. */
+void os_uncommit(void *p, size_t size);
+
 uint64_t os_calls(enum os_call kind);
 
 #endif

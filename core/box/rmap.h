@@ -1,9 +1,10 @@
 /* Region map: which tier owns the address space around a pointer, in O(1).
+ * (Tiny's SuperSlabs are not in it: they have a range of their own, which
+ * free tests first; see superslab/ss.h.)
  *
  * The 47-bit user address space is cut into 2 MiB regions. Each region has a
  * 32-bit entry: the owning kind in the low 8 bits and a kind-specific payload
- * in the high 24 (the size class for small regions, unused for Tiny
- * SuperSlabs; for a mapping that spans
+ * in the high 24 (the size class for small regions; for a mapping that spans
  * several regions, how many regions back its first one is). A two-level
  * radix table with a static root: lookups are two dependent loads, leaves are
  * mapped on first use (until then a slot points at a shared all-zero leaf),
@@ -18,7 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum rmap_kind { RMAP_NONE = 0, RMAP_SMALL = 1, RMAP_LARGE = 2, RMAP_TINY = 3 };
+enum rmap_kind { RMAP_NONE = 0, RMAP_SMALL = 1, RMAP_LARGE = 2 };
 
 #define RMAP_VA_BITS   47
 #define RMAP_LEAF_BITS 16
@@ -26,8 +27,8 @@ enum rmap_kind { RMAP_NONE = 0, RMAP_SMALL = 1, RMAP_LARGE = 2, RMAP_TINY = 3 };
 #define RMAP_ROOT_N    ((size_t)1 << RMAP_ROOT_BITS)
 #define RMAP_LEAF_N    ((size_t)1 << RMAP_LEAF_BITS)
 
-extern _Atomic(uint32_t *) rmap_root[RMAP_ROOT_N];
-extern uint32_t rmap_empty_leaf[RMAP_LEAF_N];
+extern HAK_HIDDEN _Atomic(uint32_t *) rmap_root[RMAP_ROOT_N];
+extern HAK_HIDDEN uint32_t rmap_empty_leaf[RMAP_LEAF_N];
 
 HAK_INLINE uint32_t rmap_entry(uint32_t kind, uint32_t payload) {
     return kind | payload << 8;

@@ -46,10 +46,9 @@ static void *front_calloc(size_t nmemb, size_t size) {
 }
 
 static size_t front_usable_size(void *p) {
+    if (ss_contains(p)) return tiny_usable_size(p, "malloc_usable_size");
     uint32_t e = rmap_get(p);
     switch (rmap_kind_of(e)) {
-    case RMAP_TINY:
-        return tiny_usable_size(p, "malloc_usable_size");
     case RMAP_SMALL:
         if (!small_is_block(p, rmap_payload(e)))
             diag_bad_pointer("malloc_usable_size", "invalid pointer", p);
@@ -85,11 +84,12 @@ static void *front_realloc(void *p, size_t n) {
         front_free(p, "realloc"); /* glibc: realloc(p, 0) frees and returns NULL */
         return NULL;
     }
-    uint32_t e = rmap_get(p);
-    switch (rmap_kind_of(e)) {
-    case RMAP_TINY:
+    if (ss_contains(p)) {
         tiny_usable_size(p, "realloc"); /* validates p */
         return front_realloc_class(p, ss_slab_of(p)->cls, n);
+    }
+    uint32_t e = rmap_get(p);
+    switch (rmap_kind_of(e)) {
     case RMAP_SMALL:
         if (!small_is_block(p, rmap_payload(e))) diag_bad_pointer("realloc", "invalid pointer", p);
         return front_realloc_class(p, rmap_payload(e), n);

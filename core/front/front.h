@@ -1,6 +1,7 @@
 /* Front: size -> tier and pointer -> tier, both O(1), inlined into every
  * entry point. The common malloc is a class lookup and a thread-local pop;
- * the common free is a region-map lookup and a thread-local push. */
+ * the common free is a range check (Tiny's SuperSlab range) and a
+ * thread-local push; other pointers go through the region map. */
 #ifndef HAK_FRONT_H
 #define HAK_FRONT_H
 
@@ -24,11 +25,11 @@ HAK_INLINE void *front_alloc_class(uint32_t cls) {
 /* Free p; `fn` names the API call in error messages. NULL is a no-op, and
  * anything hakmem did not hand out aborts with a message naming it. */
 HAK_INLINE void front_free(void *p, const char *fn) {
-    uint32_t e = rmap_get(p);
-    if (hak_likely(e == rmap_entry(RMAP_TINY, 0))) { /* Tiny entries carry no payload */
+    if (hak_likely(ss_contains(p))) {
         tiny_free(p, fn);
         return;
     }
+    uint32_t e = rmap_get(p);
     if (rmap_kind_of(e) == RMAP_SMALL) {
         small_free(p, rmap_payload(e), fn);
         return;

@@ -5,11 +5,23 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
-#include "box/rmap.h"
 #include "sizeclass.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+
+/* The SuperSlab range (ss.h). 1 TiB when the OS grants it (512 Ki
+ * SuperSlabs), less under valgrind or an address-space limit. */
+#define SS_RANGE_MAX ((size_t)1 << 40)
+#define SS_RANGE_MIN ((size_t)64 << 20)
+uintptr_t ss_range_base;
+_Atomic uintptr_t ss_range_used; /* grows by SS_SIZE, under ss_lock */
+static size_t ss_range_size;     /* reserved; 0 until the first SuperSlab */
+static bool ss_range_refused;    /* the OS granted no range: never ask again */
+/* Bit i: the i-th SuperSlab of the range was given back to the OS and its
+ * place can be mapped again. Lowest first, so the range stays compact. */
+static uint64_t ss_range_free[SS_RANGE_MAX / SS_SIZE / 64];
+static uint64_t ss_range_nfree;
 
 static pthread_mutex_t ss_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct superslab *ss_partial;            /* SuperSlabs with an UNUSED slot */
@@ -51,17 +63,70 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
     s->cls = (uint8_t)cls;
 }
 
-/* A fresh SuperSlab with every slot UNUSED, or NULL. */
+/* Place for one more SuperSlab in the range: a given-back one, else the next
+ * one past the used extent. 0 when the range is full or was refused. Lock
+ * held. */
+static uintptr_t ss_range_take(void) {
+    if (ss_range_size == 0) {
+        if (ss_range_refused) return 0;
+        size_t size = SS_RANGE_MAX;
+        void *base = os_reserve(&size, SS_RANGE_MIN, SS_SIZE);
+        if (base == NULL) {
+            ss_range_refused = true;
+            return 0;
+        }
+        ss_range_base = (uintptr_t)base; /* before any extent covers it */
+        ss_range_size = size;
+    }
+    if (ss_range_nfree) {
+        for (size_t w = 0;; w++) {
+            if (ss_range_free[w] == 0) continue;
+            size_t i = w * 64 + (size_t)__builtin_ctzll(ss_range_free[w]);
+            ss_range_free[w] &= ss_range_free[w] - 1;
+            ss_range_nfree--;
+            return ss_range_base + i * SS_SIZE;
+        }
+    }
+    uintptr_t used = atomic_load_explicit(&ss_range_used, memory_order_relaxed);
+    if (used == ss_range_size) return 0;
+    return ss_range_base + used;
+}
+
+/* Return the place of a SuperSlab that ss_range_take gave but that could
+ * not be mapped, or that was given back to the OS. Lock held. */
+static void ss_range_put(uintptr_t a) {
+    size_t i = (a - ss_range_base) / SS_SIZE;
+    if (a - ss_range_base == atomic_load_explicit(&ss_range_used, memory_order_relaxed)) return;
+    ss_range_free[i / 64] |= 1ull << (i % 64);
+    ss_range_nfree++;
+}
+
+/* A fresh SuperSlab with every slot UNUSED, or NULL. Lock held. */
 static struct superslab *ss_map(void) {
-    struct superslab *ss = os_map_aligned(SS_SIZE, SS_SIZE);
-    if (ss == NULL) return NULL;
-    if (!rmap_set_region(ss, RMAP_TINY, 0)) {
-        os_unmap(ss, SS_SIZE);
+    uintptr_t a = ss_range_take();
+    if (a == 0) return NULL;
+    if (!os_commit((void *)a, SS_SIZE)) {
+        ss_range_put(a);
         return NULL;
     }
+    struct superslab *ss = (struct superslab *)a;
+    ss->mapped = SS_MAPPED;
     for (uint32_t i = 0; i < SS_NSLOTS; i++)
         atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
+    /* Only now may free see it: release pairs with ss_contains. */
+    uintptr_t end = a - ss_range_base + SS_SIZE;
+    if (end > atomic_load_explicit(&ss_range_used, memory_order_relaxed))
+        atomic_store_explicit(&ss_range_used, end, memory_order_release);
     return ss;
+}
+
+/* Give a SuperSlab back to the OS; its place stays in the range, read-only
+ * and zero. Lock held. */
+static void ss_unmap(struct superslab *ss) {
+    os_uncommit(ss, SS_SIZE);
+    ss_range_put((uintptr_t)ss);
+    ss_st.live--;
+    ss_st.unmapped++;
 }
 
 /* Take an UNUSED slot of a partial SuperSlab. Lock held; ss_partial set. */
@@ -140,10 +205,7 @@ static void ss_retire(struct superslab *ss) {
         ss_push(&ss_cache, ss);
         ss_st.cached++;
     } else {
-        rmap_clear_span(ss, SS_SIZE);
-        os_unmap(ss, SS_SIZE);
-        ss_st.live--;
-        ss_st.unmapped++;
+        ss_unmap(ss);
     }
 }
 
@@ -166,11 +228,8 @@ bool ss_trim(void) {
     while (ss_cache) {
         struct superslab *ss = ss_cache;
         ss_unlink(&ss_cache, ss);
-        rmap_clear_span(ss, SS_SIZE);
-        os_unmap(ss, SS_SIZE);
+        ss_unmap(ss);
         ss_st.cached--;
-        ss_st.live--;
-        ss_st.unmapped++;
         any = true;
     }
     hak_unlock(&ss_lock);

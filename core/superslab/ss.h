@@ -3,6 +3,14 @@
  * slabs of Tiny blocks. The header of any block is found by masking its
  * address, its slab by a shift: no per-block header.
  *
+ * Every SuperSlab is cut from one address-space reservation, the SuperSlab
+ * range, filled from its start: [ss_range_base, ss_range_base + used) holds
+ * only SuperSlabs in use or cached and the read-only, zero-filled remains of
+ * unmapped ones. So free knows a SuperSlab pointer with a subtraction and a
+ * compare (ss_contains), and may read the header of any such pointer: in a
+ * SuperSlab given back to the OS every descriptor reads as zero, which no
+ * block passes (ss_is_block).
+ *
  * Slot states: UNUSED (never carved, or reset), ACTIVE (owned by a thread's
  * heap for one class), EMPTY (all blocks back, class remembered). Slots are
  * shared by all classes. An acquire takes, in order: (1) an EMPTY slot this
@@ -55,11 +63,25 @@ _Static_assert(sizeof(struct ss_slab) <= 64, "slab descriptor must fit a cache l
 
 struct superslab {
     struct ss_slab slab[SS_NSLOTS]; /* slab[0] describes the header slot: never used */
+    uint64_t mapped;                /* SS_MAPPED while read-write; 0 once given back */
     struct superslab *next, *prev;  /* partial list or cache */
     uint32_t unused_mask;           /* bit i: slot i UNUSED */
     uint32_t nactive, nempty;
 };
 _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0");
+
+#define SS_MAPPED 0x5355504552534c42ull /* "SUPERSLB" */
+
+extern HAK_HIDDEN uintptr_t ss_range_base;
+extern HAK_HIDDEN _Atomic uintptr_t ss_range_used;
+
+/* True when p lies in the SuperSlab range (see above); false for everything
+ * else, NULL included, and before the first SuperSlab exists. */
+HAK_INLINE bool ss_contains(const void *p) {
+    /* Acquire: the base is read after the extent that covers it was. */
+    uintptr_t used = atomic_load_explicit(&ss_range_used, memory_order_acquire);
+    return (uintptr_t)p - ss_range_base < used;
+}
 
 HAK_INLINE struct superslab *ss_of(const void *p) {
     return (struct superslab *)((uintptr_t)p & ~(uintptr_t)(SS_SIZE - 1));
@@ -110,8 +132,8 @@ static inline void ss_set_carved(struct ss_slab *s, uint32_t n) {
 }
 
 /* An ACTIVE slab for class cls (block size `size`), or NULL when out of
- * memory. Its owner is left for the caller to set. A slab from stage 1 keeps
- * its carved blocks on its free list. */
+ * memory or out of SuperSlab range. Its owner is left for the caller to set.
+ * A slab from stage 1 keeps its carved blocks on its free list. */
 struct ss_slab *ss_acquire(uint32_t cls, uint32_t size);
 /* Give back a slab with no block out (used == 0). */
 void ss_release(struct ss_slab *s);
@@ -119,6 +141,11 @@ void ss_release(struct ss_slab *s);
 void ss_note_carved(size_t bytes);
 /* Unmap every cached SuperSlab; true when there was one. */
 bool ss_trim(void);
+/* True when p (ss_contains) lies in a SuperSlab that is mapped read-write:
+ * in use or cached, not given back to the OS. */
+static inline bool ss_is_mapped(const void *p) {
+    return ss_of(p)->mapped == SS_MAPPED;
+}
 
 void ss_fork_prepare(void);
 void ss_fork_parent(void);

@@ -1,0 +1,59 @@
+/* What the kernel says about an address of this process, for tests that
+ * check memory really went back to the OS. */
+#ifndef HAK_TEST_MAPS_H
+#define HAK_TEST_MAPS_H
+
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* The permissions ("rw-p", ...) of the mapping holding p into perms[5];
+ * false when p is not mapped at all. Allocates nothing (no stdio), so tests
+ * that count what the allocator does may call it. */
+static inline bool maps_perms(const void *p, char perms[5]) {
+    static char buf[1 << 20];
+    int fd = open("/proc/self/maps", O_RDONLY);
+    if (fd < 0) return false;
+    size_t len = 0;
+    ssize_t n;
+    while (len < sizeof buf - 1 && (n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
+        len += (size_t)n;
+    close(fd);
+    buf[len] = 0;
+    for (char *line = buf; *line;) {
+        char *end;
+        uintptr_t lo = strtoull(line, &end, 16), hi = strtoull(end + 1, &end, 16);
+        if ((uintptr_t)p >= lo && (uintptr_t)p < hi) {
+            memcpy(perms, end + 1, 4);
+            perms[4] = 0;
+            return true;
+        }
+        char *nl = strchr(line, '\n');
+        if (nl == NULL) break;
+        line = nl + 1;
+    }
+    return false;
+}
+
+/* True when the page holding p is mapped and in memory. */
+static inline bool maps_resident(const void *p) {
+    unsigned char v = 0;
+    void *pg = (void *)((uintptr_t)p & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1));
+    return mincore(pg, 1, &v) == 0 && (v & 1);
+}
+
+/* True when [p, p+len) is back with the OS, address kept: mapped read-only
+ * (not writable) and no page of it in memory. */
+static inline bool maps_given_back(const void *p, size_t len) {
+    char perms[5];
+    if (!maps_perms(p, perms) || perms[1] == 'w') return false;
+    for (size_t off = 0; off < len; off += (size_t)sysconf(_SC_PAGESIZE))
+        if (maps_resident((const char *)p + off)) return false;
+    return true;
+}
+
+#endif
