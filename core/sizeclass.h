@@ -12,11 +12,12 @@
 extern HAK_HIDDEN const uint32_t small_class_size[SMALL_NCLASSES];
 extern HAK_HIDDEN const uint16_t small_class_cap[SMALL_NCLASSES];
 extern HAK_HIDDEN const uint64_t small_class_magic[SMALL_NCLASSES];
-extern HAK_HIDDEN const uint8_t small_class_lut[65];
+#define TINY_LUT_N 1025
+extern HAK_HIDDEN const uint8_t small_class_lut[TINY_LUT_N];
 
 /* Class for a request of n bytes, n <= HAK_SMALL_MAX. */
 HAK_INLINE uint32_t small_class_of(size_t n) {
-    if (hak_likely(n <= 1024)) return small_class_lut[(n + 15) >> 4];
+    if (hak_likely(n <= 1024)) return small_class_lut[n];
     /* 2^lg < n <= 2^(lg+1); the two bits below the top pick one of four. */
     size_t m = n - 1;
     unsigned lg = 63u - (unsigned)__builtin_clzl(m);

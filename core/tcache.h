@@ -21,9 +21,10 @@ struct hak_tcache {
     int16_t room[SMALL_NCLASSES];
     bool open;              /* caches open: room counts from small_class_cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
-    /* Tiny allocs and frees served by this cache, for stats: one add each on
-     * the fast path, cheaper than testing whether stats are on. */
-    uint64_t allocs[TINY_NCLASSES], frees[TINY_NCLASSES];
+    /* Tiny allocs served by this cache, for stats: one add on the fast
+     * path, cheaper than testing whether stats are on. Frees need no count
+     * of their own: tiny.c derives them from the cache's in- and outflows. */
+    uint64_t allocs[TINY_NCLASSES];
 };
 
 extern HAK_HIDDEN __thread struct hak_tcache hak_tc;

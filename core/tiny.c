@@ -38,12 +38,26 @@ static inline void tiny_stat(uint32_t cls, int which, uint64_t n) {
         atomic_fetch_add_explicit(&tiny_st[cls][which], n, memory_order_relaxed);
 }
 
+/* This thread's block flows per Tiny class, for stats. The fast paths count
+ * allocs only (hak_tc.allocs): every block that enters the cache comes from
+ * a free or a refill and every one that leaves goes to an alloc or a flush,
+ * so frees = allocs + flushed - refilled + (cached now - cached at the last
+ * merge). */
+static __thread struct {
+    uint64_t refilled[TINY_NCLASSES], flushed[TINY_NCLASSES], remote[TINY_NCLASSES];
+    uint32_t cached[TINY_NCLASSES];
+} tiny_flow;
+
 /* Move this thread's alloc/free counts into the totals. */
 static void tiny_merge_counts(void) {
     for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
+        uint32_t cached = tc_count(c);
+        uint64_t frees = hak_tc.allocs[c] + tiny_flow.flushed[c] - tiny_flow.refilled[c] + cached -
+                         tiny_flow.cached[c] + tiny_flow.remote[c];
         atomic_fetch_add_explicit(&tiny_st[c][ST_ALLOCS], hak_tc.allocs[c], memory_order_relaxed);
-        atomic_fetch_add_explicit(&tiny_st[c][ST_FREES], hak_tc.frees[c], memory_order_relaxed);
-        hak_tc.allocs[c] = hak_tc.frees[c] = 0;
+        atomic_fetch_add_explicit(&tiny_st[c][ST_FREES], frees, memory_order_relaxed);
+        hak_tc.allocs[c] = tiny_flow.flushed[c] = tiny_flow.refilled[c] = tiny_flow.remote[c] = 0;
+        tiny_flow.cached[c] = cached;
     }
 }
 /* ---- heap lists ------------------------------------------------------------ */
@@ -130,6 +144,7 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
     if (n == 0) return 0;
     s->used = (uint16_t)(s->used + n);
     tc_push_chain(cls, first, last, n);
+    tiny_flow.refilled[cls] += n;
     return n;
 }
 
@@ -211,6 +226,7 @@ void *tiny_alloc_slow(uint32_t cls) {
 static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
     void *last;
     void *b = tc_take(cls, n, &last);
+    tiny_flow.flushed[cls] += n;
     for (uint32_t i = 0; i < n; i++) {
         void *next = *(void **)b;
         struct ss_slab *s = ss_slab_of(b);
@@ -254,7 +270,7 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
     if (old == NULL && h != SS_NO_OWNER)
         atomic_fetch_or_explicit(&h->remote_pending, 1u << cls, memory_order_relaxed);
     tiny_stat(cls, ST_REMOTE, 1);
-    hak_tc.frees[cls]++;
+    tiny_flow.remote[cls]++;
 }
 
 /* ---- thread exit, trim, fork ----------------------------------------------------- */

@@ -37,7 +37,6 @@ HAK_INLINE void tiny_free(void *p, const char *fn) {
     uint32_t cls = s->cls;
     /* The cheapest double-free check: the block freed last in this class. */
     if (hak_unlikely(hak_tc.head[cls] == p)) return diag_reject(fn, "double free", p);
-    hak_tc.frees[cls]++;
     if (hak_unlikely(!tc_push(cls, p))) tiny_free_slow(p, cls);
 }
 

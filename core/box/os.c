@@ -105,7 +105,7 @@ void *os_reserve(size_t *size, size_t min, size_t align) {
             want >>= 1;
     }
     for (; want >= min; want >>= 1) {
-        void *p = os_map_aligned_as(want, align, PROT_NONE, OS_ANON | MAP_NORESERVE);
+        void *p = os_map_aligned_as(want, align, PROT_READ, OS_ANON | MAP_NORESERVE);
         if (p) {
             *size = want;
             return p;

@@ -24,7 +24,8 @@ bool os_move(void *p, size_t old_size, size_t new_size, void *dst);
 
 /* Reserve address space: the largest power-of-two size from *size down to
  * min (both powers of two >= align) that the OS grants, aligned to `align`,
- * inaccessible and costing no memory; *size says what was granted. Under an
+ * read-only and reading as zeros, costing no memory and no commit charge;
+ * *size says what was granted. Under an
  * address-space limit (RLIMIT_AS) at most an eighth of it is asked for. NULL
  * when not even min is granted. */
 void *os_reserve(size_t *size, size_t min, size_t align);

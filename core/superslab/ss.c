@@ -14,10 +14,13 @@
  * SuperSlabs), less under valgrind or an address-space limit. */
 #define SS_RANGE_MAX ((size_t)1 << 40)
 #define SS_RANGE_MIN ((size_t)64 << 20)
-uintptr_t ss_range_base;
-_Atomic uintptr_t ss_range_used; /* grows by SS_SIZE, under ss_lock */
-static size_t ss_range_size;     /* reserved; 0 until the first SuperSlab */
-static bool ss_range_refused;    /* the OS granted no range: never ask again */
+/* Written once, together, under ss_lock, before any pointer into the range
+ * exists; read without synchronisation by free (see ss_contains). Until
+ * then a base of 2^63 puts every user address outside. */
+uintptr_t ss_range_base = (uintptr_t)1 << 63;
+uintptr_t ss_range_span;
+static bool ss_range_refused;   /* the OS granted no range: never ask again */
+static uintptr_t ss_range_used; /* bytes from the base ever mapped */
 /* Bit i: the i-th SuperSlab of the range was given back to the OS and its
  * place can be mapped again. Lowest first, so the range stays compact. */
 static uint64_t ss_range_free[SS_RANGE_MAX / SS_SIZE / 64];
@@ -67,7 +70,7 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
  * one past the used extent. 0 when the range is full or was refused. Lock
  * held. */
 static uintptr_t ss_range_take(void) {
-    if (ss_range_size == 0) {
+    if (ss_range_span == 0) {
         if (ss_range_refused) return 0;
         size_t size = SS_RANGE_MAX;
         void *base = os_reserve(&size, SS_RANGE_MIN, SS_SIZE);
@@ -75,8 +78,8 @@ static uintptr_t ss_range_take(void) {
             ss_range_refused = true;
             return 0;
         }
-        ss_range_base = (uintptr_t)base; /* before any extent covers it */
-        ss_range_size = size;
+        ss_range_base = (uintptr_t)base;
+        ss_range_span = size;
     }
     if (ss_range_nfree) {
         for (size_t w = 0;; w++) {
@@ -87,16 +90,15 @@ static uintptr_t ss_range_take(void) {
             return ss_range_base + i * SS_SIZE;
         }
     }
-    uintptr_t used = atomic_load_explicit(&ss_range_used, memory_order_relaxed);
-    if (used == ss_range_size) return 0;
-    return ss_range_base + used;
+    if (ss_range_used == ss_range_span) return 0;
+    ss_range_used += SS_SIZE;
+    return ss_range_base + ss_range_used - SS_SIZE;
 }
 
-/* Return the place of a SuperSlab that ss_range_take gave but that could
- * not be mapped, or that was given back to the OS. Lock held. */
+/* The place of a SuperSlab given back to the OS (or never mapped) is free
+ * again. Lock held. */
 static void ss_range_put(uintptr_t a) {
     size_t i = (a - ss_range_base) / SS_SIZE;
-    if (a - ss_range_base == atomic_load_explicit(&ss_range_used, memory_order_relaxed)) return;
     ss_range_free[i / 64] |= 1ull << (i % 64);
     ss_range_nfree++;
 }
@@ -113,10 +115,6 @@ static struct superslab *ss_map(void) {
     ss->mapped = SS_MAPPED;
     for (uint32_t i = 0; i < SS_NSLOTS; i++)
         atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
-    /* Only now may free see it: release pairs with ss_contains. */
-    uintptr_t end = a - ss_range_base + SS_SIZE;
-    if (end > atomic_load_explicit(&ss_range_used, memory_order_relaxed))
-        atomic_store_explicit(&ss_range_used, end, memory_order_release);
     return ss;
 }
 

@@ -4,20 +4,11 @@
  * address, its slab by a shift: no per-block header.
  *
  * Every SuperSlab is cut from one address-space reservation, the SuperSlab
- * range, filled from its start: [ss_range_base, ss_range_base + used) holds
- * only SuperSlabs in use or cached and the read-only, zero-filled remains of
- * unmapped ones. So free knows a SuperSlab pointer with a subtraction and a
- * compare (ss_contains), and may read the header of any such pointer: in a
- * SuperSlab given back to the OS every descriptor reads as zero, which no
- * block passes (ss_is_block).
- *
- * Slot states: UNUSED (never carved, or reset), ACTIVE (owned by a thread's
- * heap for one class), EMPTY (all blocks back, class remembered). Slots are
- * shared by all classes. An acquire takes, in order: (1) an EMPTY slot this
- * class used before, its free list intact; (2) an UNUSED slot of a mapped
- * SuperSlab, or an EMPTY slot of another class; (3) a SuperSlab from the
- * cache of empty ones, else a new one from the OS. A SuperSlab whose slots
- * are all back goes to the cache decommitted, or is unmapped past its bound. */
+ * range, mapped read-only (zero pages, no memory, no commit charge) except
+ * where a SuperSlab is in use or cached. So free knows a SuperSlab pointer
+ * with a subtraction and a compare (ss_contains) and may read the header of
+ * any such pointer: outside the SuperSlabs, and in one given back to the
+ * OS, every descriptor reads as zero, which no block passes (ss_is_block). */
 #ifndef HAK_SS_H
 #define HAK_SS_H
 
@@ -72,15 +63,15 @@ _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0
 
 #define SS_MAPPED 0x5355504552534c42ull /* "SUPERSLB" */
 
-extern HAK_HIDDEN uintptr_t ss_range_base;
-extern HAK_HIDDEN _Atomic uintptr_t ss_range_used;
+extern HAK_HIDDEN uintptr_t ss_range_base, ss_range_span;
 
 /* True when p lies in the SuperSlab range (see above); false for everything
- * else, NULL included, and before the first SuperSlab exists. */
+ * else, NULL included, and before the range exists. Plain reads of two
+ * words written once: a thread holding a pointer into the range learnt of
+ * it after they were written, and a stale pair (base 2^63 or span 0) puts
+ * every pointer outside. Atomics would cost two instructions here. */
 HAK_INLINE bool ss_contains(const void *p) {
-    /* Acquire: the base is read after the extent that covers it was. */
-    uintptr_t used = atomic_load_explicit(&ss_range_used, memory_order_acquire);
-    return (uintptr_t)p - ss_range_base < used;
+    return (uintptr_t)p - ss_range_base < ss_range_span;
 }
 
 HAK_INLINE struct superslab *ss_of(const void *p) {
