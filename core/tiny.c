@@ -125,9 +125,16 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
     for (void *b = first; b && n < want; b = *(void **)b, n++)
         last = b;
     if (n) s->free = *(void **)last;
-    /* Carve the rest from the slot's never-used tail. */
-    uint32_t carve = want - n, room = (uint32_t)(s->capacity - s->carved);
+    /* Only when the lists gave nothing (reuse before new memory), carve from
+     * the slot's never-used tail, no further than the blocks starting in the
+     * page the tail starts in: carving links every block, so each block
+     * carved is memory made resident, and a cache needs only what it will
+     * hand out soon. */
+    uint32_t carve = n ? 0 : want, room = (uint32_t)(s->capacity - s->carved);
+    uint32_t at = (uint32_t)s->carved * s->size;
+    uint32_t page = (uint32_t)((hak_align_up(at + 1, HAK_PAGE_SIZE) - at + s->size - 1) / s->size);
     if (carve > room) carve = room;
+    if (carve > page) carve = page;
     if (carve) {
         uint8_t *b = ss_slab_base(s) + (size_t)s->carved * s->size;
         if (n)
@@ -208,7 +215,9 @@ void *tiny_alloc_slow(uint32_t cls) {
     if (!hak_tc.open && !tc_thread_start()) return small_alloc_uncached(cls);
     struct tiny_heap *h = hak_tc.heap;
     if (h == NULL && (h = hak_tc.heap = tiny_heap_get()) == NULL) return small_alloc_uncached(cls);
-    /* Pre-warm: a thread's first refill of a class fills the whole cache. */
+    /* Pre-warm: a thread's first refill of a class asks for the whole cache
+     * (a fresh slab gives what its first page holds); later ones for half,
+     * leaving the other half for frees. */
     uint32_t want = h->warm[cls] ? tc_batch(cls) : (uint32_t)hak_tc.room[cls];
     h->warm[cls] = true;
     struct ss_slab *s = h->cur[cls];
