@@ -1027,7 +1027,59 @@ static void test_double_free_after_slab_released(void **state) {
     expect_abort(do_free, p, "invalid pointer");
 }
 
-int main(void) {
+/* ---- a small SuperSlab range ---------------------------------------------------------- */
+
+/* Under an address-space limit the SuperSlab range is small; once it is
+ * full, Tiny requests go to the small tier and keep succeeding. The range
+ * is reserved with the process's first SuperSlab, so this runs in a fresh
+ * process: this binary re-executed with RANGE_CHILD_ARG under RLIMIT_AS. */
+#define RANGE_CHILD_ARG "--small-range-child"
+#define RANGE_LIMIT     ((rlim_t)512 << 20)
+#define RANGE_BLOCKS    400000 /* 256 B each: 100 MiB, past a 64 MiB range */
+
+static int small_range_child(void) {
+    uint8_t **b = mmap(NULL, RANGE_BLOCKS * sizeof *b, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED) return 10;
+    uint32_t outside = 0;
+    for (uint32_t i = 0; i < RANGE_BLOCKS; i++) {
+        b[i] = malloc(256);
+        if (b[i] == NULL) return 11;
+        memset(b[i], (int)(i & 0xff), 256);
+        if (!ss_contains(b[i])) outside++;
+    }
+    if (outside == 0) return 12;            /* the range never filled up */
+    if (outside == RANGE_BLOCKS) return 13; /* no range at all */
+    for (uint32_t i = 0; i < RANGE_BLOCKS; i++) {
+        for (size_t k = 0; k < 256; k += 64)
+            if (b[i][k] != (uint8_t)(i & 0xff)) return 14;
+        if (malloc_usable_size(b[i]) < 256) return 15;
+        free(b[i]);
+    }
+    return 0;
+}
+
+static void exec_small_range_child(void *arg) {
+    (void)arg;
+    struct rlimit rl = {RANGE_LIMIT, RANGE_LIMIT};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(20);
+    char *argv[] = {"test_tiny", RANGE_CHILD_ARG, NULL};
+    execv("/proc/self/exe", argv);
+    _exit(21);
+}
+
+static void test_tiny_beyond_a_full_range(void **state) {
+    (void)state;
+    struct death d;
+    run_child(exec_small_range_child, NULL, &d);
+    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
+    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
+        fail_msg("child status 0x%x (exit codes: see small_range_child); stderr: %s", d.status,
+                 d.err);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], RANGE_CHILD_ARG) == 0) return small_range_child();
     const struct CMUnitTest tests[] = {
         /* First: no orphan slab exists yet, so every refill is a fresh slab. */
         cmocka_unit_test_setup(test_first_malloc_prewarms_cache, setup),
@@ -1045,6 +1097,7 @@ int main(void) {
         cmocka_unit_test_setup(test_immediate_double_free, setup),
         cmocka_unit_test_setup(test_double_free_after_flush, setup),
         cmocka_unit_test_setup(test_double_free_after_slab_released, setup),
+        cmocka_unit_test(test_tiny_beyond_a_full_range),
     };
     return cmocka_run_group_tests(tests, NULL, group_teardown);
 }
