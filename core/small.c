@@ -112,9 +112,29 @@ static void small_give_back(uint32_t cls, uint32_t n) {
     small_put_shared(cls, first, last);
 }
 
-void small_free_slow(void *p, uint32_t cls) {
-    if (cls < TINY_NCLASSES || (!hak_tc.open && !tc_thread_start())) {
-        small_put_shared(cls, p, p); /* uncached */
+/* One block straight onto the shared list: a Tiny-class block of this tier,
+ * or a free by a thread that may not cache. The list's head is the one
+ * double free this can catch. */
+static void small_put_one(uint32_t cls, void *p, const char *fn) {
+    struct small_class *c = &small_classes[cls];
+    hak_lock(&c->lock);
+    if (hak_unlikely(c->free == p)) {
+        hak_unlock(&c->lock);
+        diag_bad_pointer(fn, "double free", p);
+    }
+    *(void **)p = c->free;
+    c->free = p;
+    hak_unlock(&c->lock);
+}
+
+void small_free_slow(void *p, uint32_t cls, const char *fn) {
+    if (cls < TINY_NCLASSES) {
+        small_put_one(cls, p, fn);
+        return;
+    }
+    tc_refund(cls);
+    if (!hak_tc.open && !tc_thread_start()) {
+        small_put_one(cls, p, fn);
         return;
     }
     if (!tc_push(cls, p)) { /* full: give half back */

@@ -15,7 +15,9 @@
 #include <stdbool.h>
 
 void *small_alloc_slow(uint32_t cls);
-void small_free_slow(void *p, uint32_t cls);
+/* Entered with cls < TINY_NCLASSES (no push tried), or after small_free's
+ * push failed (room overdrawn: refunded here). */
+void small_free_slow(void *p, uint32_t cls, const char *fn);
 /* One block of any class straight from the shared list, bypassing caches. */
 void *small_alloc_uncached(uint32_t cls);
 
@@ -40,15 +42,8 @@ HAK_INLINE void small_free(void *p, uint32_t cls, const char *fn) {
     /* The cheapest double-free check: the block freed last in this class. */
     if (hak_unlikely(hak_tc.head[cls] == p)) return diag_reject(fn, "double free", p);
     /* Tiny-class blocks of this tier must not mix with Tiny's cached ones:
-     * a cap of 0 sends them (and uncached threads' frees) to the slow path. */
-    if (hak_unlikely(cls < TINY_NCLASSES)) {
-        small_free_slow(p, cls);
-        return;
-    }
-    if (hak_unlikely(!tc_push(cls, p))) {
-        tc_refund(cls);
-        small_free_slow(p, cls);
-    }
+     * they (and uncached threads' frees) go to the slow path. */
+    if (hak_unlikely(cls < TINY_NCLASSES || !tc_push(cls, p))) small_free_slow(p, cls, fn);
 }
 
 /* Return every block this thread caches to the shared lists. */

@@ -102,8 +102,10 @@ static struct tiny_heap *tiny_heap_get(void) {
 
 /* Move the slab's remote list onto its free list. Owner only. */
 static void tiny_drain(struct ss_slab *s) {
+    /* A plain load first: most refills find no remote block, and the
+     * exchange is a locked instruction. */
+    if (atomic_load_explicit(&s->remote, memory_order_relaxed) == NULL) return;
     void *list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
-    if (list == NULL) return;
     /* A list longer than the blocks out can only come from a double free
      * by another thread (it may even loop): stop and say so. */
     uint32_t n = 1;

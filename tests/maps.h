@@ -39,6 +39,12 @@ static inline bool maps_perms(const void *p, char perms[5]) {
     return false;
 }
 
+/* True when the mapping holding p is writable. */
+static inline bool maps_writable(const void *p) {
+    char perms[5];
+    return maps_perms(p, perms) && perms[1] == 'w';
+}
+
 /* True when the page holding p is mapped and in memory. */
 static inline bool maps_resident(const void *p) {
     unsigned char v = 0;

@@ -1,5 +1,5 @@
-/* OS boundary: aligned mappings, in-place resize, page moves, decommit, and
- * the per-kind call counts. */
+/* OS boundary: aligned mappings, in-place resize, page moves, decommit,
+ * reserve/commit/uncommit, and the per-kind call counts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +9,15 @@
 #include "box/os.h"
 #include "sizes.h"
 
+#include "maps.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
 
 static void test_map_aligned_honours_alignment(void **state) {
     (void)state;
@@ -88,6 +96,80 @@ static void test_move_keeps_contents(void **state) {
     os_unmap(dst, new);
 }
 
+/* A reservation reads as zeros and cannot be written; a committed part can,
+ * and once uncommitted its pages are gone and it is read-only again, in the
+ * same place. */
+static void test_reserve_commit_uncommit(void **state) {
+    (void)state;
+    size_t size = (size_t)1 << 30;
+    uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
+    assert_non_null(r);
+    assert_true(size >= ((size_t)64 << 20) && size <= ((size_t)1 << 30));
+    assert_int_equal((uintptr_t)r & (HAK_REGION_SIZE - 1), 0);
+    assert_false(maps_writable(r));
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[size - 1], 0);
+    uint8_t *p = r + 3 * HAK_REGION_SIZE;
+    uint64_t mm = os_calls(OS_MMAP), pr = os_calls(OS_MPROTECT);
+    assert_true(os_commit(p, HAK_REGION_SIZE));
+    assert_int_equal(os_calls(OS_MMAP), mm); /* no new mapping: no hole on refusal */
+    assert_int_equal(os_calls(OS_MPROTECT) - pr, 1);
+    assert_true(maps_writable(p));
+    assert_false(maps_writable(p + HAK_REGION_SIZE));
+    memset(p, 0xab, HAK_REGION_SIZE);
+    assert_true(maps_resident(p + 4096));
+    os_uncommit(p, HAK_REGION_SIZE);
+    assert_true(maps_given_back(p, HAK_REGION_SIZE));
+    assert_int_equal(p[4096], 0);
+    /* And again, in the same place. */
+    assert_true(os_commit(p, HAK_REGION_SIZE));
+    assert_int_equal(p[100], 0);
+    p[100] = 1;
+    os_uncommit(p, HAK_REGION_SIZE);
+    os_unmap(r, size);
+}
+
+/* Kilobytes on the "<key>:" line of /proc/self/status. */
+static long status_kb(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, key, strlen(key)) == 0) v = strtol(line + strlen(key), NULL, 10);
+    if (f) fclose(f);
+    return v;
+}
+
+/* Under mlockall(MCL_FUTURE) a reservation must not be populated (page
+ * tables for all of it), but what is committed is locked, as the program
+ * asked. In a child: mlockall is for the whole process. */
+static void test_reserve_under_mlockall(void **state) {
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) _exit(77); /* not allowed here */
+        long lck0 = status_kb("VmLck:"), pte0 = status_kb("VmPTE:");
+        size_t size = (size_t)8 << 30;
+        uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
+        if (r == NULL) _exit(2);
+        long lck1 = status_kb("VmLck:"), pte1 = status_kb("VmPTE:");
+        /* 8 GiB populated would lock 8 GiB and take 16 MiB of page tables. */
+        if (lck1 - lck0 > 4096 || pte1 - pte0 > 1024) _exit(3);
+        if (!os_commit(r, HAK_REGION_SIZE)) _exit(4);
+        long lck2 = status_kb("VmLck:");
+        if (lck2 - lck1 < 2048) _exit(5); /* the committed 2 MiB is locked */
+        os_uncommit(r, HAK_REGION_SIZE);
+        if (!maps_given_back(r, HAK_REGION_SIZE)) _exit(6);
+        _exit(0);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77) skip();
+    if (WEXITSTATUS(st) != 0) fail_msg("child exit %d (see the test)", WEXITSTATUS(st));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_map_aligned_honours_alignment),
@@ -95,6 +177,8 @@ int main(void) {
         cmocka_unit_test(test_decommit_reads_zero),
         cmocka_unit_test(test_resize_in_place_keeps_contents),
         cmocka_unit_test(test_move_keeps_contents),
+        cmocka_unit_test(test_reserve_commit_uncommit),
+        cmocka_unit_test(test_reserve_under_mlockall),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

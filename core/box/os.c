@@ -95,6 +95,22 @@ void *os_map_aligned(size_t size, size_t align) {
     return os_map_aligned_as(size, align, OS_RW, OS_ANON);
 }
 
+/* New mappings come locked and populated (mlockall(MCL_FUTURE)): set by
+ * os_reserve, which then locks each committed part itself, as the program
+ * asked, while the read-only reservation stays unlocked. */
+static bool os_lock_future;
+
+/* Does a fresh mapping come back populated? Only mlockall(MCL_FUTURE) does
+ * that to an anonymous one. */
+static bool os_mappings_locked(void) {
+    uint8_t *probe = os_mmap_as(NULL, HAK_PAGE_SIZE, OS_RW, OS_ANON);
+    if (probe == NULL) return false;
+    unsigned char v = 0;
+    bool locked = mincore(probe, HAK_PAGE_SIZE, &v) == 0 && (v & 1);
+    os_unmap(probe, HAK_PAGE_SIZE);
+    return locked;
+}
+
 void *os_reserve(size_t *size, size_t min, size_t align) {
     size_t want = *size;
     struct rlimit rl;
@@ -105,25 +121,46 @@ void *os_reserve(size_t *size, size_t min, size_t align) {
             want >>= 1;
     }
     for (; want >= min; want >>= 1) {
-        void *p = os_map_aligned_as(want, align, PROT_READ, OS_ANON | MAP_NORESERVE);
-        if (p) {
-            *size = want;
-            return p;
+        /* Inaccessible first: under mlockall(MCL_FUTURE) a readable mapping
+         * would be populated, page tables for every page of it. */
+        uint8_t *p = os_map_aligned_as(want, align, PROT_NONE, OS_ANON | MAP_NORESERVE);
+        if (p == NULL) continue;
+        os_lock_future = os_mappings_locked();
+        if (os_lock_future) {
+            os_count(OS_MLOCK);
+            munlock(p, want);
         }
+        os_count(OS_MPROTECT);
+        if (mprotect(p, want, PROT_READ) != 0) {
+            os_unmap(p, want);
+            continue;
+        }
+        *size = want;
+        return p;
     }
     return NULL;
 }
 
 bool os_commit(void *p, size_t size) {
-    return os_mmap_as(p, size, OS_RW, OS_ANON | MAP_FIXED) != NULL;
+    /* mprotect, not a MAP_FIXED mmap: a refusal (commit limit) then leaves
+     * the place as it was, where some kernels would leave a hole. */
+    os_count(OS_MPROTECT);
+    if (mprotect(p, size, OS_RW) != 0) return false;
+    if (os_lock_future) {
+        os_count(OS_MLOCK);
+        mlock(p, size);
+    }
+    return true;
 }
 
 void os_uncommit(void *p, size_t size) {
-    /* A fresh read-only mapping in its place: the old pages go, and a
-     * read-only private mapping is not charged against overcommit. Should the
-     * kernel refuse (out of mapping slots), the pages still go back. */
-    if (os_mmap_as(p, size, PROT_READ, OS_ANON | MAP_FIXED | MAP_NORESERVE) == NULL)
-        os_decommit(p, size);
+    if (os_lock_future) {
+        os_count(OS_MLOCK);
+        munlock(p, size); /* locked pages cannot be dropped */
+    }
+    os_decommit(p, size);
+    os_count(OS_MPROTECT);
+    mprotect(p, size, PROT_READ);
 }
 
 bool os_resize(void *p, size_t old_size, size_t new_size) {

@@ -1,4 +1,5 @@
-/* OS boundary: the only module that calls mmap, munmap, madvise and mremap.
+/* OS boundary: the only module that calls mmap, munmap, madvise, mremap,
+ * mprotect and mlock/munlock.
  * Every call is counted by kind so stats and tests can see the syscall traffic. */
 #ifndef HAK_OS_H
 #define HAK_OS_H
@@ -7,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum os_call { OS_MMAP, OS_MUNMAP, OS_MADVISE, OS_MREMAP, OS_NCALLS };
+enum os_call { OS_MMAP, OS_MUNMAP, OS_MADVISE, OS_MREMAP, OS_MPROTECT, OS_MLOCK, OS_NCALLS };
 
 /* Anonymous read-write mapping of `size` bytes (a page multiple) whose start
  * is aligned to `align` (a power of two >= page). NULL when the OS refuses. */
@@ -25,15 +26,16 @@ bool os_move(void *p, size_t old_size, size_t new_size, void *dst);
 /* Reserve address space: the largest power-of-two size from *size down to
  * min (both powers of two >= align) that the OS grants, aligned to `align`,
  * read-only and reading as zeros, costing no memory and no commit charge;
- * *size says what was granted. Under an
- * address-space limit (RLIMIT_AS) at most an eighth of it is asked for. NULL
+ * *size says what was granted. Under an address-space limit (RLIMIT_AS) no
+ * more than an eighth of it is asked for, unless that is below min. NULL
  * when not even min is granted. */
 void *os_reserve(size_t *size, size_t min, size_t align);
-/* Make [p, p+size) inside a reservation readable and writable, zero-filled. */
+/* Make [p, p+size) inside a reservation readable and writable, zero-filled
+ * (locked, if the program asked for all its memory locked). false, and
+ * nothing changed, when the OS refuses. */
 bool os_commit(void *p, size_t size);
-/* Give [p, p+size) inside a reservation back to the OS (its pages and their
- * commit charge) but keep the addresses: they stay reserved and read as
- * zeros, and writing them faults. */
+/* Give [p, p+size) inside a reservation back to the OS: its pages go, the
+ * addresses stay reserved, read-only and reading as zeros. */
 void os_uncommit(void *p, size_t size);
 
 uint64_t os_calls(enum os_call kind);

@@ -83,4 +83,6 @@ void stats_print(int fd) {
     stats_line(fd, "os.munmap", os_calls(OS_MUNMAP));
     stats_line(fd, "os.madvise", os_calls(OS_MADVISE));
     stats_line(fd, "os.mremap", os_calls(OS_MREMAP));
+    stats_line(fd, "os.mprotect", os_calls(OS_MPROTECT));
+    stats_line(fd, "os.mlock", os_calls(OS_MLOCK));
 }

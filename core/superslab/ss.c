@@ -10,9 +10,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-/* The SuperSlab range (ss.h). 1 TiB when the OS grants it (512 Ki
+/* The SuperSlab range (ss.h). 256 GiB when the OS grants it (128 Ki
  * SuperSlabs), less under valgrind or an address-space limit. */
-#define SS_RANGE_MAX ((size_t)1 << 40)
+#define SS_RANGE_MAX ((size_t)1 << 38)
 #define SS_RANGE_MIN ((size_t)64 << 20)
 /* Written once, together, under ss_lock, before any pointer into the range
  * exists; read without synchronisation by free (see ss_contains). Until
@@ -79,7 +79,7 @@ static uintptr_t ss_range_take(void) {
             return 0;
         }
         ss_range_base = (uintptr_t)base;
-        ss_range_span = size;
+        __atomic_store_n(&ss_range_span, size, __ATOMIC_RELEASE); /* after the base */
     }
     if (ss_range_nfree) {
         for (size_t w = 0;; w++) {
@@ -112,7 +112,6 @@ static struct superslab *ss_map(void) {
         return NULL;
     }
     struct superslab *ss = (struct superslab *)a;
-    ss->mapped = SS_MAPPED;
     for (uint32_t i = 0; i < SS_NSLOTS; i++)
         atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
     return ss;

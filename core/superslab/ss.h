@@ -54,22 +54,20 @@ _Static_assert(sizeof(struct ss_slab) <= 64, "slab descriptor must fit a cache l
 
 struct superslab {
     struct ss_slab slab[SS_NSLOTS]; /* slab[0] describes the header slot: never used */
-    uint64_t mapped;                /* SS_MAPPED while read-write; 0 once given back */
     struct superslab *next, *prev;  /* partial list or cache */
     uint32_t unused_mask;           /* bit i: slot i UNUSED */
     uint32_t nactive, nempty;
 };
 _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0");
 
-#define SS_MAPPED 0x5355504552534c42ull /* "SUPERSLB" */
-
 extern HAK_HIDDEN uintptr_t ss_range_base, ss_range_span;
 
 /* True when p lies in the SuperSlab range (see above); false for everything
  * else, NULL included, and before the range exists. Plain reads of two
- * words written once: a thread holding a pointer into the range learnt of
- * it after they were written, and a stale pair (base 2^63 or span 0) puts
- * every pointer outside. Atomics would cost two instructions here. */
+ * words written once (base, then span): a thread holding a pointer into the
+ * range learnt of it after they were written. A reader racing that one
+ * write may see a mixed pair, which puts no user address (below 2^47)
+ * inside. Atomic loads would cost two instructions here. */
 HAK_INLINE bool ss_contains(const void *p) {
     return (uintptr_t)p - ss_range_base < ss_range_span;
 }
@@ -132,11 +130,6 @@ void ss_release(struct ss_slab *s);
 void ss_note_carved(size_t bytes);
 /* Unmap every cached SuperSlab; true when there was one. */
 bool ss_trim(void);
-/* True when p (ss_contains) lies in a SuperSlab that is mapped read-write:
- * in use or cached, not given back to the OS. */
-static inline bool ss_is_mapped(const void *p) {
-    return ss_of(p)->mapped == SS_MAPPED;
-}
 
 void ss_fork_prepare(void);
 void ss_fork_parent(void);
