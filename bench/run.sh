@@ -2,7 +2,7 @@
 # Compare hakmem with glibc, mimalloc and jemalloc on the bench/bench_* workloads.
 #
 # usage: bench/run.sh            (from the repo root; `make bench` calls it)
-# env:   RUNS=5                  runs per (workload, allocator)
+# env:   RUNS=9                  runs per (workload, allocator)
 #        ALLOCATORS="glibc hakmem mimalloc jemalloc"   subset/order to run
 #        WORKLOADS=REGEX         only workloads whose name matches (grep -E)
 #        BENCH_TIMEOUT=120       seconds before a single bench run is killed
@@ -18,7 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 unset LD_PRELOAD # the glibc rows must really be glibc
 ROOT=$PWD
 OUT=out/bench
-RUNS=${RUNS:-5}
+RUNS=${RUNS:-9}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
 ALLOCATORS=${ALLOCATORS:-glibc hakmem mimalloc jemalloc}
 WORKLOADS=${WORKLOADS:-}
