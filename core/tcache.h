@@ -59,6 +59,13 @@ static inline uint32_t tc_count(uint32_t cls) {
     return hak_tc.open ? (uint32_t)small_class_cap[cls] - hak_tc.room[cls] : 0;
 }
 
+/* The list of cls is empty: make the NULL-terminated chain of n blocks
+ * (n <= room) at first its list. */
+static inline void tc_fill(uint32_t cls, void *first, uint32_t n) {
+    hak_tc.head[cls] = first;
+    hak_tc.room[cls] = (int16_t)(hak_tc.room[cls] - n);
+}
+
 /* Put a chain first..last of n blocks (n <= room) in front of the list of cls. */
 static inline void tc_push_chain(uint32_t cls, void *first, void *last, uint32_t n) {
     *(void **)last = hak_tc.head[cls];

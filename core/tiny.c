@@ -119,40 +119,48 @@ static void tiny_drain(struct ss_slab *s) {
     s->used = (uint16_t)(s->used - n);
 }
 
-/* Up to `want` blocks from slab s into the cache of cls; how many moved. */
+/* Blocks from slab s into the cache of cls, which is empty; how many moved.
+ * Reuse comes before new memory: the slab's free list (after taking its
+ * remote list), whole when the cache has room for it, else `want` of it;
+ * only when it is empty, freshly carved blocks. */
 static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
     if (s->free == NULL) tiny_drain(s);
-    uint32_t n = 0;
-    void *first = s->free, *last = NULL;
-    for (void *b = first; b && n < want; b = *(void **)b, n++)
-        last = b;
-    if (n) s->free = *(void **)last;
-    /* Only when the lists gave nothing (reuse before new memory), carve from
-     * the slot's never-used tail, no further than the blocks starting in the
-     * page the tail starts in: carving links every block, so each block
-     * carved is memory made resident, and a cache needs only what it will
-     * hand out soon. */
-    uint32_t carve = n ? 0 : want, room = (uint32_t)(s->capacity - s->carved);
-    uint32_t at = (uint32_t)s->carved * s->size;
-    uint32_t page = (uint32_t)((hak_align_up(at + 1, HAK_PAGE_SIZE) - at + s->size - 1) / s->size);
-    if (carve > room) carve = room;
-    if (carve > page) carve = page;
-    if (carve) {
-        uint8_t *b = ss_slab_base(s) + (size_t)s->carved * s->size;
-        if (n)
-            *(void **)last = b;
-        else
-            first = b;
-        for (uint32_t i = 1; i < carve; i++, b += s->size)
+    uint32_t n = (uint32_t)(s->carved - s->used); /* the free list's length */
+    void *first = s->free, *last;
+    if (n != 0 && n <= (uint32_t)hak_tc.room[cls]) {
+        /* The whole list becomes the cache as it stands: no walk, whose every
+         * step would be a cache miss on a block freed long ago. */
+        s->free = NULL;
+        tc_fill(cls, first, n);
+    } else if (n != 0) {
+        n = want;
+        last = first;
+        for (uint32_t i = 1; i < n; i++)
+            last = *(void **)last;
+        s->free = *(void **)last;
+        *(void **)last = NULL;
+        tc_fill(cls, first, n);
+    } else {
+        /* Carve from the slot's never-used tail, no further than the blocks
+         * starting in the page the tail starts in: carving links every
+         * block, so each block carved is memory made resident, and a cache
+         * needs only what it will hand out soon. */
+        uint32_t at = (uint32_t)s->carved * s->size;
+        uint32_t page =
+            (uint32_t)((hak_align_up(at + 1, HAK_PAGE_SIZE) - at + s->size - 1) / s->size);
+        n = (uint32_t)(s->capacity - s->carved);
+        if (n > want) n = want;
+        if (n > page) n = page;
+        if (n == 0) return 0;
+        uint8_t *b = first = ss_slab_base(s) + at;
+        for (uint32_t i = 1; i < n; i++, b += s->size)
             *(void **)b = b + s->size;
-        last = b;
-        ss_set_carved(s, s->carved + carve);
-        ss_note_carved((size_t)carve * s->size);
-        n += carve;
+        *(void **)b = NULL;
+        ss_set_carved(s, s->carved + n);
+        ss_note_carved((size_t)n * s->size);
+        tc_fill(cls, first, n);
     }
-    if (n == 0) return 0;
     s->used = (uint16_t)(s->used + n);
-    tc_push_chain(cls, first, last, n);
     tiny_flow.refilled[cls] += n;
     return n;
 }
