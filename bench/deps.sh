@@ -9,9 +9,8 @@ pkgs=(libmimalloc2.0 libjemalloc2 valgrind)
 
 missing=()
 for p in "${pkgs[@]}"; do
-    if ! dpkg -s "$p" 2>/dev/null | grep -q '^Status: install ok installed'; then
-        missing+=("$p")
-    fi
+    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) || status=
+    [ "$status" = "install ok installed" ] || missing+=("$p")
 done
 [ "${#missing[@]}" -eq 0 ] && exit 0
 

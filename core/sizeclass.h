@@ -1,13 +1,17 @@
 /* Size classes for 0 .. HAK_SMALL_MAX: 16-byte steps to 128 B, then four
- * classes per power of two, so a block wastes at most 25% above 64 B. */
+ * classes per power of two, so a block wastes at most 25% above 64 B, plus a
+ * 52 KiB class where the Pool tier ends. Each tier owns a run of classes:
+ * the SuperSlab tiers (Tiny to 1 KiB, small-mid to 8 KiB) the first
+ * TINY_NCLASSES, then the others. */
 #ifndef HAK_SIZECLASS_H
 #define HAK_SIZECLASS_H
 
 #include "sizes.h"
 
-#define SMALL_NCLASSES 60
-/* Classes 0 .. TINY_NCLASSES-1 are the sizes up to 1024 B (the Tiny tier). */
-#define TINY_NCLASSES 20
+#define SMALL_NCLASSES 61
+/* Classes 0 .. TINY_NCLASSES-1 (sizes up to 8 KiB) live in SuperSlabs: the
+ * Tiny tier proper (0 .. 19, up to 1 KiB) and small-mid (20 .. 31). */
+#define TINY_NCLASSES 32
 
 extern HAK_HIDDEN const uint32_t small_class_size[SMALL_NCLASSES];
 extern HAK_HIDDEN const uint16_t small_class_cap[SMALL_NCLASSES];
@@ -18,10 +22,11 @@ extern HAK_HIDDEN const uint8_t small_class_lut[TINY_LUT_N];
 /* Class for a request of n bytes, n <= HAK_SMALL_MAX. */
 HAK_INLINE uint32_t small_class_of(size_t n) {
     if (hak_likely(n <= 1024)) return small_class_lut[n];
-    /* 2^lg < n <= 2^(lg+1); the two bits below the top pick one of four. */
+    /* 2^lg < n <= 2^(lg+1); the two bits below the top pick one of four;
+     * past 52 KiB one more for the 52 KiB class. */
     size_t m = n - 1;
     unsigned lg = 63u - (unsigned)__builtin_clzl(m);
-    return 8 + (lg - 7) * 4 + (uint32_t)((m >> (lg - 2)) & 3);
+    return 8 + (lg - 7) * 4 + (uint32_t)((m >> (lg - 2)) & 3) + (n > 53248);
 }
 
 /* offset / size for offset < 2^21, exactly. */

@@ -142,12 +142,14 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
         tc_fill(cls, first, n);
     } else {
         /* Carve from the slot's never-used tail, no further than the blocks
-         * starting in the page the tail starts in: carving links every
-         * block, so each block carved is memory made resident, and a cache
-         * needs only what it will hand out soon. */
+         * starting in the page the tail starts in (at least 4, for blocks of
+         * a page or more): carving links every block, so each block carved
+         * is memory made resident, and a cache needs only what it will hand
+         * out soon. */
         uint32_t at = (uint32_t)s->carved * s->size;
         uint32_t page =
             (uint32_t)((hak_align_up(at + 1, HAK_PAGE_SIZE) - at + s->size - 1) / s->size);
+        if (page < TINY_CARVE_MIN) page = TINY_CARVE_MIN;
         n = (uint32_t)(s->capacity - s->carved);
         if (n > want) n = want;
         if (n > page) n = page;

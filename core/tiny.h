@@ -1,4 +1,5 @@
-/* Tiny tier, 0 .. 1024 bytes: blocks in SuperSlab slabs owned by one thread
+/* Tiny and small-mid tiers, 0 .. 8 KiB: blocks in SuperSlab slabs owned by
+ * one thread
  * each, served through the thread cache (core/tcache.h).
  *
  * free of a block whose slab this thread owns pushes it on the thread cache;
@@ -13,7 +14,9 @@
 #include "superslab/ss.h"
 #include "tcache.h"
 
-#define TINY_MAX ((size_t)1024)
+#define TINY_MAX ((size_t)8192)
+/* Fewest blocks a refill carves when it carves (see tiny_take). */
+#define TINY_CARVE_MIN 4u
 
 void *tiny_alloc_slow(uint32_t cls);
 void tiny_free_slow(void *p, uint32_t cls);

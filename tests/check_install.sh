@@ -32,7 +32,10 @@ cc "$tmp/app.c" $(pkg-config --cflags --libs hakmem) -Wl,-rpath,"$tmp/pfx/lib" -
 # shellcheck disable=SC2046
 cc "$tmp/app.c" $(pkg-config --cflags hakmem) "$tmp/pfx/lib/libhakmem.a" -pthread -o "$tmp/app_static" \
   || fail "static link failed"
-ldd "$tmp/app_shared" | grep -q 'libhakmem.so.0' || fail "app not linked to libhakmem.so.0"
+# Not `ldd | grep -q`: under pipefail, grep -q's early exit can kill ldd with
+# SIGPIPE and fail the pipeline although the line was there.
+libs=$(ldd "$tmp/app_shared") || fail "ldd failed"
+grep -q 'libhakmem.so.0' <<<"$libs" || fail "app not linked to libhakmem.so.0"
 for app in app_shared app_static; do
   out=$("$tmp/$app") || fail "$app exited non-zero"
   [ "$out" = "112 1" ] || fail "$app printed '$out', expected '112 1'"

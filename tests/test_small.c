@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "small.h"
+#include "tiny.h"
 
 #include <malloc.h>
 #include <pthread.h>
@@ -22,7 +23,7 @@ static uint64_t flushes(void) {
 
 static void test_block_boundaries(void **state) {
     (void)state;
-    for (size_t n = 1025; n <= HAK_SMALL_MAX; n = n * 3 + 1) {
+    for (size_t n = TINY_MAX + 1; n <= HAK_SMALL_MAX; n = n * 3 + 1) {
         uint8_t *p = malloc(n);
         uint32_t cls = small_class_of(n);
         assert_int_equal(rmap_payload(rmap_get(p)), cls);
@@ -41,9 +42,9 @@ static void test_cache_capped_and_spills(void **state) {
     (void)state;
     enum { N = 1000 };
     void *blocks[N];
-    uint32_t cls = small_class_of(1500);
+    uint32_t cls = small_class_of(20000);
     for (int i = 0; i < N; i++)
-        blocks[i] = malloc(1500);
+        blocks[i] = malloc(20000);
     uint64_t before = flushes();
     for (int i = 0; i < N; i++)
         free(blocks[i]);
@@ -66,7 +67,7 @@ static void test_thread_exit_returns_cache(void **state) {
     (void)state;
     uint64_t before = flushes();
     pthread_t t;
-    pthread_create(&t, NULL, alloc_free_and_exit, (void *)(uintptr_t)3000);
+    pthread_create(&t, NULL, alloc_free_and_exit, (void *)(uintptr_t)30000);
     pthread_join(t, NULL);
     /* The exiting thread held 50 cached blocks; its exit hook gave them back. */
     assert_true(flushes() > before);
@@ -85,7 +86,7 @@ static void test_free_only_thread_returns_cache_at_exit(void **state) {
      * it cached when it exits. */
     void *b[50];
     for (int i = 0; i < 50; i++)
-        b[i] = malloc(3000);
+        b[i] = malloc(30000);
     uint64_t before = flushes();
     pthread_t t;
     pthread_create(&t, NULL, free_only, b);
@@ -106,8 +107,8 @@ static void test_cross_thread_free_and_reuse(void **state) {
     (void)state;
     void *b[500];
     for (int i = 0; i < 500; i++) {
-        b[i] = malloc(2000);
-        memset(b[i], i, 2000);
+        b[i] = malloc(12000);
+        memset(b[i], i, 12000);
     }
     pthread_t t;
     pthread_create(&t, NULL, free_all, b);
@@ -117,7 +118,7 @@ static void test_cross_thread_free_and_reuse(void **state) {
     int reused = 0;
     void *c[500];
     for (int i = 0; i < 500; i++) {
-        c[i] = malloc(2000);
+        c[i] = malloc(12000);
         for (int j = 0; j < 500 && !reused; j++)
             reused = c[i] == b[j];
     }
@@ -128,10 +129,10 @@ static void test_cross_thread_free_and_reuse(void **state) {
 
 static void test_trim_empties_this_threads_cache(void **state) {
     (void)state;
-    void *p = malloc(5000), *q = malloc(100);
+    void *p = malloc(20000), *q = malloc(100);
     free(p);
     free(q);
-    assert_true(tc_count(small_class_of(5000)) > 0);
+    assert_true(tc_count(small_class_of(20000)) > 0);
     assert_true(tc_count(small_class_of(100)) > 0);
     malloc_trim(0);
     for (int c = 0; c < SMALL_NCLASSES; c++)

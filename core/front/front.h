@@ -12,7 +12,8 @@
 #include "tiny.h"
 
 HAK_INLINE void *front_malloc(size_t n) {
-    if (hak_likely(n <= TINY_MAX)) return tiny_alloc(small_class_lut[n]);
+    if (hak_likely(n < TINY_LUT_N)) return tiny_alloc(small_class_lut[n]);
+    if (n <= TINY_MAX) return tiny_alloc(small_class_of(n));
     if (n <= HAK_SMALL_MAX) return small_alloc(small_class_of(n));
     return large_alloc(n, HAK_MIN_ALIGN, false);
 }

@@ -107,8 +107,8 @@ static inline uint8_t *ss_slab_base(const struct ss_slab *s) {
  * multiply and one compare. With d = size, m = div_mul and e = d*m - 2^32
  * (1 <= e <= d), the offset k*d + r of p in its slot gives, mod 2^32,
  * k*e + r*m: k*e < carved*e for a carved block start (r = 0), and at least
- * m > 2^22 > valid_lim for r > 0, without wrapping, since the offset is
- * below 2^16 and d at most 1024. */
+ * m > 2^19 > 2^16 >= valid_lim for r > 0, without wrapping ((k+1)*e stays
+ * below 2^16 + d < m), since the offset is below 2^16 and d at most 8 KiB. */
 HAK_INLINE bool ss_is_block(const struct ss_slab *s, const void *p) {
     uint32_t off = (uint32_t)((uintptr_t)p & (SS_SLOT_SIZE - 1));
     return off * s->div_mul < s->valid_lim;
