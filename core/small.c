@@ -128,7 +128,7 @@ static void small_put_one(uint32_t cls, void *p, const char *fn) {
 }
 
 void small_free_slow(void *p, uint32_t cls, const char *fn) {
-    if (cls < TINY_NCLASSES) {
+    if (cls < SMALL_FIRST) {
         small_put_one(cls, p, fn);
         return;
     }
@@ -145,7 +145,7 @@ void small_free_slow(void *p, uint32_t cls, const char *fn) {
 }
 
 void small_thread_flush(void) {
-    for (uint32_t cls = TINY_NCLASSES; cls < SMALL_NCLASSES; cls++)
+    for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++)
         if (tc_count(cls)) small_give_back(cls, tc_count(cls));
 }
 

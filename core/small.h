@@ -14,14 +14,17 @@
 
 #include <stdbool.h>
 
+/* First class this tier caches: the ones above the Pool tier. */
+#define SMALL_FIRST 43u
+
 void *small_alloc_slow(uint32_t cls);
-/* Entered with cls < TINY_NCLASSES (no push tried), or after small_free's
+/* Entered with cls < SMALL_FIRST (no push tried), or after small_free's
  * push failed (room overdrawn: refunded here). */
 void small_free_slow(void *p, uint32_t cls, const char *fn);
 /* One block of any class straight from the shared list, bypassing caches. */
 void *small_alloc_uncached(uint32_t cls);
 
-/* Allocate a block of class cls (>= TINY_NCLASSES); NULL (errno ENOMEM) when
+/* Allocate a block of class cls (>= SMALL_FIRST); NULL (errno ENOMEM) when
  * out of memory. */
 HAK_INLINE void *small_alloc(uint32_t cls) {
     void *p = tc_pop(cls);
@@ -41,9 +44,11 @@ HAK_INLINE void small_free(void *p, uint32_t cls, const char *fn) {
     if (hak_unlikely(!small_is_block(p, cls))) return diag_reject(fn, "invalid pointer", p);
     /* The cheapest double-free check: the block freed last in this class. */
     if (hak_unlikely(hak_tc.head[cls] == p)) return diag_reject(fn, "double free", p);
-    /* Tiny-class blocks of this tier must not mix with Tiny's cached ones:
-     * they (and uncached threads' frees) go to the slow path. */
-    if (hak_unlikely(cls < TINY_NCLASSES || !tc_push(cls, p))) small_free_slow(p, cls, fn);
+    /* Blocks of the other tiers' classes served here (past a full SuperSlab
+     * range, or to a thread that may not cache) must not mix with those
+     * tiers' cached ones: they (and uncached threads' frees) go to the slow
+     * path. */
+    if (hak_unlikely(cls < SMALL_FIRST || !tc_push(cls, p))) small_free_slow(p, cls, fn);
 }
 
 /* Return every block this thread caches to the shared lists. */

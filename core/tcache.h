@@ -10,6 +10,7 @@
 #include <stdbool.h>
 
 struct tiny_heap;
+struct pool_heap;
 
 struct hak_tcache {
     void *head[SMALL_NCLASSES]; /* free blocks, linked through word 0 */
@@ -21,6 +22,7 @@ struct hak_tcache {
     int16_t room[SMALL_NCLASSES];
     bool open;              /* caches open: room counts from small_class_cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
+    struct pool_heap *pool; /* this thread's Pool heap, NULL until needed */
     /* Tiny allocs served by this cache, for stats: one add on the fast
      * path, cheaper than testing whether stats are on. Frees need no count
      * of their own: tiny.c derives them from the cache's in- and outflows. */

@@ -30,8 +30,12 @@ static int defaults(void **state) {
     (void)state;
     unsetenv("HAKMEM_STATS");
     unsetenv("HAKMEM_BIGCACHE_MB");
+    unsetenv("HAKMEM_POOL_ARENA_MB_INIT");
+    unsetenv("HAKMEM_POOL_ARENA_MB_MAX");
     hak_cfg.stats = false;
     hak_cfg.bigcache_bytes = (size_t)64 << 20;
+    hak_cfg.pool_arena_mb_init = 1;
+    hak_cfg.pool_arena_mb_max = 8;
     return 0;
 }
 
@@ -65,10 +69,38 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     assert_int_equal(hak_cfg.bigcache_bytes, (size_t)64 << 20);
 }
 
+static void test_pool_arena_sizes(void **state) {
+    (void)state;
+    char err[512];
+    setenv("HAKMEM_POOL_ARENA_MB_INIT", "2", 1);
+    setenv("HAKMEM_POOL_ARENA_MB_MAX", "16", 1);
+    load_capturing(err, sizeof err);
+    assert_string_equal(err, "");
+    assert_int_equal(hak_cfg.pool_arena_mb_init, 2);
+    assert_int_equal(hak_cfg.pool_arena_mb_max, 16);
+    /* A maximum below the initial size: one line, and the initial size for
+     * both. */
+    setenv("HAKMEM_POOL_ARENA_MB_INIT", "4", 1);
+    setenv("HAKMEM_POOL_ARENA_MB_MAX", "2", 1);
+    load_capturing(err, sizeof err);
+    assert_non_null(strstr(err, "HAKMEM_POOL_ARENA_MB_MAX"));
+    assert_int_equal(strchr(err, '\n') - err + 1, (long)strlen(err));
+    assert_int_equal(hak_cfg.pool_arena_mb_init, 4);
+    assert_int_equal(hak_cfg.pool_arena_mb_max, 4);
+    setenv("HAKMEM_POOL_ARENA_MB_INIT", "0", 1); /* out of range: warned, default */
+    unsetenv("HAKMEM_POOL_ARENA_MB_MAX");
+    hak_cfg.pool_arena_mb_init = 1;
+    hak_cfg.pool_arena_mb_max = 8;
+    load_capturing(err, sizeof err);
+    assert_non_null(strstr(err, "HAKMEM_POOL_ARENA_MB_INIT"));
+    assert_int_equal(hak_cfg.pool_arena_mb_init, 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_valid_values_taken, defaults),
         cmocka_unit_test_setup(test_bad_values_warn_and_keep_default, defaults),
+        cmocka_unit_test_setup(test_pool_arena_sizes, defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,7 +99,7 @@ static void test_concurrent_leaf_creation(void **state) {
 
 static void test_real_blocks_have_their_tier(void **state) {
     (void)state;
-    void *tiny = malloc(100), *small = malloc(20000), *large = malloc(3 << 20);
+    void *tiny = malloc(100), *small = malloc(100000), *large = malloc(3 << 20);
     /* Tiny blocks live in the SuperSlab range, outside the region map. */
     assert_true(ss_contains(tiny));
     assert_int_equal(rmap_get(tiny), RMAP_NONE);

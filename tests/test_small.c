@@ -8,7 +8,7 @@
 #include <cmocka.h>
 
 #include "small.h"
-#include "tiny.h"
+#include "pool.h"
 
 #include <malloc.h>
 #include <pthread.h>
@@ -23,7 +23,7 @@ static uint64_t flushes(void) {
 
 static void test_block_boundaries(void **state) {
     (void)state;
-    for (size_t n = TINY_MAX + 1; n <= HAK_SMALL_MAX; n = n * 3 + 1) {
+    for (size_t n = POOL_MAX + 1; n <= HAK_SMALL_MAX; n = n * 3 + 1) {
         uint8_t *p = malloc(n);
         uint32_t cls = small_class_of(n);
         assert_int_equal(rmap_payload(rmap_get(p)), cls);
@@ -40,16 +40,16 @@ static void test_block_boundaries(void **state) {
 
 static void test_cache_capped_and_spills(void **state) {
     (void)state;
-    enum { N = 1000 };
+    enum { N = 200 };
     void *blocks[N];
-    uint32_t cls = small_class_of(20000);
+    uint32_t cls = small_class_of(100000);
     for (int i = 0; i < N; i++)
-        blocks[i] = malloc(20000);
+        blocks[i] = malloc(100000);
     uint64_t before = flushes();
     for (int i = 0; i < N; i++)
         free(blocks[i]);
     assert_true(tc_count(cls) <= small_class_cap[cls]);
-    /* 1000 frees through a small cache spill in batches of half its size. */
+    /* 200 frees through a small cache spill in batches of half its size. */
     assert_true(flushes() >= before + (N - small_class_cap[cls]) / (small_class_cap[cls] / 2));
 }
 
@@ -67,7 +67,7 @@ static void test_thread_exit_returns_cache(void **state) {
     (void)state;
     uint64_t before = flushes();
     pthread_t t;
-    pthread_create(&t, NULL, alloc_free_and_exit, (void *)(uintptr_t)30000);
+    pthread_create(&t, NULL, alloc_free_and_exit, (void *)(uintptr_t)70000);
     pthread_join(t, NULL);
     /* The exiting thread held 50 cached blocks; its exit hook gave them back. */
     assert_true(flushes() > before);
@@ -86,7 +86,7 @@ static void test_free_only_thread_returns_cache_at_exit(void **state) {
      * it cached when it exits. */
     void *b[50];
     for (int i = 0; i < 50; i++)
-        b[i] = malloc(30000);
+        b[i] = malloc(70000);
     uint64_t before = flushes();
     pthread_t t;
     pthread_create(&t, NULL, free_only, b);
@@ -107,8 +107,8 @@ static void test_cross_thread_free_and_reuse(void **state) {
     (void)state;
     void *b[500];
     for (int i = 0; i < 500; i++) {
-        b[i] = malloc(12000);
-        memset(b[i], i, 12000);
+        b[i] = malloc(60000);
+        memset(b[i], i, 60000);
     }
     pthread_t t;
     pthread_create(&t, NULL, free_all, b);
@@ -118,7 +118,7 @@ static void test_cross_thread_free_and_reuse(void **state) {
     int reused = 0;
     void *c[500];
     for (int i = 0; i < 500; i++) {
-        c[i] = malloc(12000);
+        c[i] = malloc(60000);
         for (int j = 0; j < 500 && !reused; j++)
             reused = c[i] == b[j];
     }
@@ -129,10 +129,10 @@ static void test_cross_thread_free_and_reuse(void **state) {
 
 static void test_trim_empties_this_threads_cache(void **state) {
     (void)state;
-    void *p = malloc(20000), *q = malloc(100);
+    void *p = malloc(100000), *q = malloc(100);
     free(p);
     free(q);
-    assert_true(tc_count(small_class_of(20000)) > 0);
+    assert_true(tc_count(small_class_of(100000)) > 0);
     assert_true(tc_count(small_class_of(100)) > 0);
     malloc_trim(0);
     for (int c = 0; c < SMALL_NCLASSES; c++)

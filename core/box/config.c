@@ -9,6 +9,8 @@ struct hak_config hak_cfg = {
     .stats = false,
     .bigcache_bytes = (size_t)64 << 20,
     .ss_cache = 8,
+    .pool_arena_mb_init = 1,
+    .pool_arena_mb_max = 8,
 };
 
 /* Parse a decimal integer in [lo, hi]; false (with a warning naming the
@@ -45,4 +47,15 @@ void config_load(void) {
     if (config_int("HAKMEM_STATS", 0, 1, &v)) hak_cfg.stats = v != 0;
     if (config_int("HAKMEM_BIGCACHE_MB", 0, 65536, &v)) hak_cfg.bigcache_bytes = (size_t)v << 20;
     if (config_int("HAKMEM_SS_CACHE", 0, 1024, &v)) hak_cfg.ss_cache = v;
+    if (config_int("HAKMEM_POOL_ARENA_MB_INIT", 1, 1024, &v))
+        hak_cfg.pool_arena_mb_init = (uint32_t)v;
+    if (config_int("HAKMEM_POOL_ARENA_MB_MAX", 1, 1024, &v))
+        hak_cfg.pool_arena_mb_max = (uint32_t)v;
+    if (hak_cfg.pool_arena_mb_max < hak_cfg.pool_arena_mb_init) {
+        struct diag_buf b = {.n = 0};
+        diag_str(&b, "hakmem: HAKMEM_POOL_ARENA_MB_MAX is below HAKMEM_POOL_ARENA_MB_INIT; "
+                     "using the initial size for both\n");
+        diag_flush(&b, 2);
+        hak_cfg.pool_arena_mb_max = hak_cfg.pool_arena_mb_init;
+    }
 }

@@ -3,6 +3,7 @@
 #include "box/diag.h"
 #include "box/os.h"
 #include "large.h"
+#include "pool.h"
 #include "small.h"
 #include "superslab/ss.h"
 #include "tiny.h"
@@ -66,6 +67,14 @@ void stats_print(int fd) {
     stats_line(fd, "ss.cached", t.cached);
     stats_line(fd, "ss.retired", t.retired);
     stats_line(fd, "ss.unmapped", t.unmapped);
+    struct pool_stats o;
+    pool_get_stats(&o);
+    stats_line(fd, "pool.chunks_mapped", o.chunks_mapped);
+    stats_line(fd, "pool.chunks_unmapped", o.chunks_unmapped);
+    stats_line(fd, "pool.bytes_mapped", o.bytes_live);
+    stats_line(fd, "pool.carved_bytes", o.carved_bytes);
+    stats_line(fd, "pool.remote_frees", o.remote_frees);
+    stats_line(fd, "pool.drains", o.drains);
     stats_line(fd, "small.regions", s.regions);
     stats_line(fd, "small.carved_bytes", s.carved_bytes);
     stats_line(fd, "small.refills", s.refills);

@@ -26,7 +26,8 @@ static void *front_aligned(size_t align, size_t n) {
          * class whose size is a multiple of align gives aligned blocks; the
          * power-of-two class at or above max(n, align) always is one. */
         uint32_t cls = small_class_of(n > align ? n : align);
-        while (small_class_size[cls] & (align - 1))
+        /* Pool blocks follow 16-byte headers: aligned only to 16. */
+        while ((cls >= POOL_FIRST && cls < POOL_END) || (small_class_size[cls] & (align - 1)))
             cls++;
         return front_alloc_class(cls);
     }
@@ -49,6 +50,8 @@ static size_t front_usable_size(void *p) {
     if (ss_contains(p)) return tiny_usable_size(p, "malloc_usable_size");
     uint32_t e = rmap_get(p);
     switch (rmap_kind_of(e)) {
+    case RMAP_POOL:
+        return small_class_size[pool_class_of(p, e, "malloc_usable_size")];
     case RMAP_SMALL:
         if (!small_is_block(p, rmap_payload(e)))
             diag_bad_pointer("malloc_usable_size", "invalid pointer", p);
@@ -90,6 +93,8 @@ static void *front_realloc(void *p, size_t n) {
     }
     uint32_t e = rmap_get(p);
     switch (rmap_kind_of(e)) {
+    case RMAP_POOL:
+        return front_realloc_class(p, pool_class_of(p, e, "realloc"), n);
     case RMAP_SMALL:
         if (!small_is_block(p, rmap_payload(e))) diag_bad_pointer("realloc", "invalid pointer", p);
         return front_realloc_class(p, rmap_payload(e), n);
@@ -150,22 +155,24 @@ static void *front_pvalloc(size_t n) {
 
 static int front_trim(void) {
     small_thread_flush();
-    bool tiny = tiny_trim(), ss = ss_trim(), large = large_trim();
-    return tiny || ss || large;
+    bool tiny = tiny_trim(), ss = ss_trim(), pool = pool_trim(), large = large_trim();
+    return tiny || ss || pool || large;
 }
 
 static struct mallinfo2 front_mallinfo2(void) {
     struct small_stats s;
     struct large_stats l;
     struct ss_stats t;
+    struct pool_stats o;
     small_get_stats(&s);
     large_get_stats(&l);
     ss_get_stats(&t);
+    pool_get_stats(&o);
     struct mallinfo2 mi = {0};
-    /* Size-classed address space: small regions and Tiny SuperSlabs. */
-    mi.arena = (s.regions + t.live) * HAK_REGION_SIZE;
-    mi.uordblks = s.carved_bytes + t.carved_bytes; /* carved into blocks */
-    mi.fordblks = mi.arena - mi.uordblks;          /* not carved yet */
+    /* Size-classed address space: small regions, SuperSlabs, Pool chunks. */
+    mi.arena = (s.regions + t.live) * HAK_REGION_SIZE + o.bytes_live;
+    mi.uordblks = s.carved_bytes + t.carved_bytes + o.carved_bytes; /* carved into blocks */
+    mi.fordblks = mi.arena - mi.uordblks;                           /* not carved yet */
     mi.hblks = l.live_blocks;
     mi.hblkhd = l.live_bytes;
     mi.keepcost = l.cached_bytes; /* freed large mappings kept for reuse */

@@ -4,6 +4,7 @@
 #include "box/lock.h"
 #include "box/stats.h"
 #include "large.h"
+#include "pool.h"
 #include "small.h"
 #include "superslab/ss.h"
 #include "tcache.h"
@@ -34,6 +35,7 @@ static void life_thread_exit(void *unused) {
     life_armed = false;
     life_exited = true;
     tiny_thread_exit();
+    pool_thread_exit();
     small_thread_flush();
     tc_thread_close();
 }
@@ -45,6 +47,7 @@ static void life_thread_exit(void *unused) {
 static void life_fork_prepare(void) {
     tiny_fork_prepare(); /* before ss: the Tiny lock is taken outside the SuperSlab lock */
     ss_fork_prepare();
+    pool_fork_prepare();
     small_fork_prepare();
     large_fork_prepare();
     hak_in_fork = true;
@@ -54,6 +57,7 @@ static void life_fork_parent(void) {
     hak_in_fork = false;
     large_fork_parent();
     small_fork_parent();
+    pool_fork_parent();
     ss_fork_parent();
     tiny_fork_parent();
 }
@@ -62,6 +66,7 @@ static void life_fork_child(void) {
     hak_in_fork = false;
     large_fork_child();
     small_fork_child();
+    pool_fork_child();
     ss_fork_child();
     tiny_fork_child();
 }

@@ -1,0 +1,321 @@
+/* Pool tier slow paths: heaps, arena chunks, per-chunk free lists, remote
+ * frees. Everything here is owner-only except the remote stack and the
+ * list of recycled heaps. */
+#include "pool.h"
+
+#include "box/config.h"
+#include "box/lock.h"
+#include "box/os.h"
+#include "small.h"
+
+#include <errno.h>
+#include <pthread.h>
+
+struct pool_heap {
+    struct pool_chunk *cur;                  /* carving from its tail */
+    struct pool_chunk *avail[POOL_NCLASSES]; /* chunks with free blocks, per class */
+    struct pool_chunk *chunks;               /* all of them */
+    struct pool_chunk *spare;                /* one empty chunk kept for the next need */
+    _Atomic(void *) remote;                  /* blocks freed by other threads */
+    size_t next_size;                        /* bytes of the next chunk */
+    struct pool_heap *next_free;
+};
+
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* the heap lists */
+static struct pool_heap *pool_heaps_free;                     /* of exited threads */
+static struct pool_heap *pool_heaps_fresh;                    /* never used */
+static uint32_t pool_heaps_fresh_n;
+
+static _Atomic uint64_t pool_st_mapped, pool_st_unmapped, pool_st_bytes, pool_st_carved,
+    pool_st_remote, pool_st_drains;
+
+static inline uint32_t pool_k(uint32_t cls) {
+    return cls - POOL_FIRST;
+}
+
+/* ---- heaps ----------------------------------------------------------------------------- */
+
+static struct pool_heap *pool_heap_get(void) {
+    hak_lock(&pool_lock);
+    struct pool_heap *h = pool_heaps_free;
+    if (h) {
+        pool_heaps_free = h->next_free; /* an exited thread's: its chunks come along */
+        /* With none left, it grows from the start again, as a new one. */
+        if (h->chunks == NULL) h->next_size = (size_t)hak_cfg.pool_arena_mb_init << 20;
+    } else {
+        if (pool_heaps_fresh_n == 0) {
+            size_t bytes = 64 * 1024;
+            pool_heaps_fresh = os_map_aligned(bytes, HAK_PAGE_SIZE);
+            pool_heaps_fresh_n = pool_heaps_fresh ? (uint32_t)(bytes / sizeof *h) : 0;
+        }
+        if (pool_heaps_fresh_n) {
+            h = pool_heaps_fresh++;
+            pool_heaps_fresh_n--;
+            h->next_size = (size_t)hak_cfg.pool_arena_mb_init << 20;
+        }
+    }
+    hak_unlock(&pool_lock);
+    return h;
+}
+
+/* ---- chunks ---------------------------------------------------------------------------- */
+
+static void pool_avail_push(struct pool_heap *h, struct pool_chunk *c, uint32_t k) {
+    c->prev[k] = NULL;
+    c->next[k] = h->avail[k];
+    if (h->avail[k]) h->avail[k]->prev[k] = c;
+    h->avail[k] = c;
+}
+
+static void pool_avail_unlink(struct pool_heap *h, struct pool_chunk *c, uint32_t k) {
+    if (c->prev[k])
+        c->prev[k]->next[k] = c->next[k];
+    else
+        h->avail[k] = c->next[k];
+    if (c->next[k]) c->next[k]->prev[k] = c->prev[k];
+}
+
+static void pool_all_link(struct pool_heap *h, struct pool_chunk *c) {
+    c->all_prev = NULL;
+    c->all_next = h->chunks;
+    if (h->chunks) h->chunks->all_prev = c;
+    h->chunks = c;
+}
+
+/* A chunk for h to carve from, made its current one: the spare, else a new
+ * mapping; false when out of memory. */
+static bool pool_chunk_new(struct pool_heap *h) {
+    struct pool_chunk *c = h->spare;
+    if (c) {
+        h->spare = NULL;
+        pool_all_link(h, c);
+        h->cur = c;
+        return true;
+    }
+    size_t size = h->next_size;
+    c = os_map_aligned(size, HAK_REGION_SIZE);
+    if (c == NULL) return false;
+    if (!rmap_mark_span(c, size, RMAP_POOL)) {
+        os_unmap(c, size);
+        return false;
+    }
+    c->owner = h;
+    c->size = size;
+    c->bump = (uint8_t *)c + POOL_CHUNK_HDR;
+    c->end = (uint8_t *)c + size;
+    pool_all_link(h, c);
+    h->cur = c;
+    size_t max = (size_t)hak_cfg.pool_arena_mb_max << 20;
+    h->next_size = size * 2 <= max ? size * 2 : max;
+    atomic_fetch_add_explicit(&pool_st_mapped, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool_st_bytes, size, memory_order_relaxed);
+    return true;
+}
+
+static void pool_chunk_unmap(struct pool_chunk *c) {
+    size_t size = c->size, carved = (size_t)(c->bump - (uint8_t *)c - POOL_CHUNK_HDR);
+    rmap_clear_span(c, size);
+    os_unmap(c, size);
+    atomic_fetch_add_explicit(&pool_st_unmapped, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&pool_st_bytes, size, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&pool_st_carved, carved, memory_order_relaxed);
+}
+
+/* Every block of c is back on its free lists: it becomes h's spare, as if
+ * new (so a burst freed and allocated again makes no syscall), or, with a
+ * spare already there, goes back to the OS. */
+static void pool_chunk_release(struct pool_heap *h, struct pool_chunk *c) {
+    for (uint32_t k = 0; k < POOL_NCLASSES; k++) {
+        if (c->free[k]) pool_avail_unlink(h, c, k);
+        c->free[k] = NULL;
+    }
+    if (c->all_prev)
+        c->all_prev->all_next = c->all_next;
+    else
+        h->chunks = c->all_next;
+    if (c->all_next) c->all_next->all_prev = c->all_prev;
+    if (h->cur == c) h->cur = NULL;
+    if (h->spare == NULL) {
+        atomic_fetch_sub_explicit(&pool_st_carved,
+                                  (uint64_t)(c->bump - (uint8_t *)c - POOL_CHUNK_HDR),
+                                  memory_order_relaxed);
+        c->bump = (uint8_t *)c + POOL_CHUNK_HDR;
+        h->spare = c;
+        return;
+    }
+    pool_chunk_unmap(c);
+}
+
+/* Block b of class cls comes back to its chunk (owned by h). A chunk whose
+ * blocks are all back is unmapped unless it is the one being carved. */
+static void pool_give(struct pool_heap *h, void *b, uint32_t cls) {
+    struct pool_chunk *c = pool_chunk_of(b, rmap_get(b));
+    uint32_t k = pool_k(cls);
+    if (c->free[k] == NULL) pool_avail_push(h, c, k);
+    *(void **)b = c->free[k];
+    c->free[k] = b;
+    if (--c->out == 0 && c != h->cur) pool_chunk_release(h, c);
+}
+
+/* Take the remote stack: every block on it comes back to its chunk. */
+static void pool_drain(struct pool_heap *h) {
+    if (atomic_load_explicit(&h->remote, memory_order_relaxed) == NULL) return;
+    void *b = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
+    atomic_fetch_add_explicit(&pool_st_drains, 1, memory_order_relaxed);
+    while (b) {
+        void *next = *(void **)b;
+        pool_give(h, b, pool_hdr_of(b)->cls);
+        b = next;
+    }
+}
+
+/* ---- allocation and free -------------------------------------------------------------- */
+
+static void *pool_hand_out(struct pool_chunk *c, void *b, uint32_t cls) {
+    c->out++;
+    struct pool_hdr *hd = pool_hdr_of(b);
+    hd->tag = pool_tag(b);
+    hd->cls = (uint8_t)cls;
+    hd->state = POOL_LIVE;
+    return b;
+}
+
+void *pool_alloc_slow(uint32_t cls) {
+    /* A thread that may not cache owns no heap (nobody would hand it on):
+     * the small tier serves it, one block at a time. */
+    if (!hak_tc.open && !tc_thread_start()) return small_alloc_uncached(cls);
+    struct pool_heap *h = hak_tc.pool;
+    if (h == NULL && (h = hak_tc.pool = pool_heap_get()) == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* Blocks other threads gave back come first: a drain that brings one of
+     * this class saves carving. */
+    pool_drain(h);
+    uint32_t k = pool_k(cls);
+    struct pool_chunk *c = h->avail[k];
+    if (c) {
+        void *b = c->free[k];
+        c->free[k] = *(void **)b;
+        if (c->free[k] == NULL) pool_avail_unlink(h, c, k);
+        return pool_hand_out(c, b, cls);
+    }
+    size_t stride = POOL_HDR + small_class_size[cls];
+    c = h->cur;
+    if (c == NULL || (size_t)(c->end - c->bump) < stride) {
+        /* The old chunk's tail (less than a block) is left; the chunk goes
+         * when its blocks are all back. */
+        if (c && c->out == 0) pool_chunk_release(h, c);
+        if (!pool_chunk_new(h)) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        c = h->cur;
+    }
+    void *b = c->bump + POOL_HDR;
+    c->bump += stride;
+    atomic_fetch_add_explicit(&pool_st_carved, stride, memory_order_relaxed);
+    return pool_hand_out(c, b, cls);
+}
+
+void pool_free_slow(void *p, uint32_t cls) {
+    tc_refund(cls);
+    pool_give(hak_tc.pool, p, cls);
+}
+
+void pool_free_remote(void *p, struct pool_chunk *c, uint32_t cls) {
+    (void)cls;
+    /* The chunk keeps p counted out until its owner drains it, so it stays
+     * mapped; the heap is never unmapped. */
+    struct pool_heap *h = c->owner;
+    void *old = atomic_load_explicit(&h->remote, memory_order_relaxed);
+    do {
+        *(void **)p = old;
+    } while (!atomic_compare_exchange_weak_explicit(&h->remote, &old, p, memory_order_release,
+                                                    memory_order_relaxed));
+    atomic_fetch_add_explicit(&pool_st_remote, 1, memory_order_relaxed);
+}
+
+/* ---- thread exit, trim, fork ----------------------------------------------------------- */
+
+/* Give h's idle memory back: remote blocks to their chunks, the current
+ * chunk too when nothing of it is out, and the spare to the OS. */
+static bool pool_heap_tidy(struct pool_heap *h) {
+    uint64_t before = atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed);
+    pool_drain(h);
+    if (h->cur && h->cur->out == 0) pool_chunk_release(h, h->cur);
+    h->cur = NULL; /* a chunk half carved is released when its blocks are back */
+    if (h->spare) {
+        pool_chunk_unmap(h->spare);
+        h->spare = NULL;
+    }
+    return atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed) != before;
+}
+
+void pool_thread_exit(void) {
+    struct pool_heap *h = hak_tc.pool;
+    if (h == NULL) return;
+    for (uint32_t cls = POOL_FIRST; cls < POOL_END; cls++) {
+        uint32_t n = tc_count(cls);
+        if (n == 0) continue;
+        void *last;
+        void *b = tc_take(cls, n, &last);
+        for (uint32_t i = 0; i < n; i++) {
+            void *next = *(void **)b;
+            pool_give(h, b, cls);
+            b = next;
+        }
+    }
+    pool_heap_tidy(h);
+    hak_tc.pool = NULL;
+    hak_lock(&pool_lock);
+    h->next_free = pool_heaps_free;
+    pool_heaps_free = h;
+    hak_unlock(&pool_lock);
+}
+
+bool pool_trim(void) {
+    bool any = false;
+    /* This thread's cache, then its heap. */
+    struct pool_heap *mine = hak_tc.pool;
+    if (mine) {
+        for (uint32_t cls = POOL_FIRST; cls < POOL_END; cls++) {
+            uint32_t n = tc_count(cls);
+            if (n == 0) continue;
+            void *last;
+            void *b = tc_take(cls, n, &last);
+            for (uint32_t i = 0; i < n; i++) {
+                void *next = *(void **)b;
+                pool_give(mine, b, cls);
+                b = next;
+            }
+        }
+        any |= pool_heap_tidy(mine);
+    }
+    /* Heaps of exited threads: ours to tidy while we hold the lock. */
+    hak_lock(&pool_lock);
+    for (struct pool_heap *h = pool_heaps_free; h; h = h->next_free)
+        any |= pool_heap_tidy(h);
+    hak_unlock(&pool_lock);
+    return any;
+}
+
+void pool_fork_prepare(void) {
+    pthread_mutex_lock(&pool_lock);
+}
+void pool_fork_parent(void) {
+    pthread_mutex_unlock(&pool_lock);
+}
+void pool_fork_child(void) {
+    pthread_mutex_init(&pool_lock, NULL);
+}
+
+void pool_get_stats(struct pool_stats *s) {
+    s->chunks_mapped = atomic_load_explicit(&pool_st_mapped, memory_order_relaxed);
+    s->chunks_unmapped = atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed);
+    s->chunks_live = s->chunks_mapped - s->chunks_unmapped;
+    s->bytes_live = atomic_load_explicit(&pool_st_bytes, memory_order_relaxed);
+    s->carved_bytes = atomic_load_explicit(&pool_st_carved, memory_order_relaxed);
+    s->remote_frees = atomic_load_explicit(&pool_st_remote, memory_order_relaxed);
+    s->drains = atomic_load_explicit(&pool_st_drains, memory_order_relaxed);
+}

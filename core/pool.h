@@ -1,0 +1,126 @@
+/* Pool tier, 8 KiB .. 52 KiB (classes POOL_FIRST .. POOL_END-1): per-thread
+ * arenas. Each thread carves blocks of every Pool class from its own arena
+ * chunks, which grow 1 -> 2 -> 4 -> 8 MiB (HAKMEM_POOL_ARENA_MB_INIT/MAX) and
+ * are registered in the region map, so free finds a block's chunk and owner
+ * in O(1). A block has a 16-byte header (an address-derived tag, its class,
+ * LIVE or FREE): free validates a pointer exactly and catches every double
+ * free of a block still in its chunk. Freed blocks go to the thread cache,
+ * then to their chunk's per-class free list; a chunk whose blocks are all
+ * back becomes the heap's one spare chunk, or is unmapped when there is one
+ * already. Blocks freed by another thread go on the owner's
+ * lock-free remote stack, which the owner drains before it refills. */
+#ifndef HAK_POOL_H
+#define HAK_POOL_H
+
+#include "box/diag.h"
+#include "box/rmap.h"
+#include "tcache.h"
+
+#define POOL_MAX      ((size_t)53248)
+#define POOL_FIRST    TINY_NCLASSES /* class of 10 KiB */
+#define POOL_END      43u           /* one past the class of 52 KiB */
+#define POOL_NCLASSES (POOL_END - POOL_FIRST)
+#define POOL_HDR      16u
+
+struct pool_heap;
+
+/* Just before every block. */
+struct pool_hdr {
+    uint32_t tag; /* pool_tag(block) */
+    uint8_t cls;
+    uint8_t state; /* POOL_LIVE with the program, POOL_FREE otherwise */
+    uint8_t pad[10];
+};
+_Static_assert(sizeof(struct pool_hdr) == POOL_HDR, "block header size");
+
+enum { POOL_LIVE = 0xa1, POOL_FREE = 0xf7 };
+
+/* The start of an arena chunk (region-aligned). */
+struct pool_chunk {
+    struct pool_heap *owner; /* never changes: heaps are recycled, not freed */
+    size_t size;
+    uint8_t *bump, *end; /* never-carved tail */
+    uint32_t out;        /* blocks not on this chunk's free lists */
+    void *free[POOL_NCLASSES];
+    /* Per class: the heap's list of chunks with free blocks of that class. */
+    struct pool_chunk *next[POOL_NCLASSES], *prev[POOL_NCLASSES];
+    struct pool_chunk *all_next, *all_prev; /* every chunk of the heap */
+};
+#define POOL_CHUNK_HDR 512u /* first block header at this offset */
+_Static_assert(sizeof(struct pool_chunk) <= POOL_CHUNK_HDR, "chunk header size");
+
+static inline uint32_t pool_tag(const void *block) {
+    return (uint32_t)((uintptr_t)block >> 4) ^ 0x9e3779b9u;
+}
+
+static inline struct pool_hdr *pool_hdr_of(const void *block) {
+    return (struct pool_hdr *)block - 1;
+}
+
+/* The chunk holding p, whose region entry (kind RMAP_POOL) is e: the payload
+ * counts regions back to the chunk's first. */
+HAK_INLINE struct pool_chunk *pool_chunk_of(const void *p, uint32_t e) {
+    return (struct pool_chunk *)(rmap_region_base(p) -
+                                 ((uintptr_t)rmap_payload(e) << HAK_REGION_SHIFT));
+}
+
+/* True when p is the start of a block of chunk c: inside its carved part,
+ * 16-byte aligned, with a header tagged for p. */
+HAK_INLINE bool pool_is_block(const struct pool_chunk *c, const void *p) {
+    const uint8_t *b = p;
+    return ((uintptr_t)b & 15) == 0 && b >= (const uint8_t *)c + POOL_CHUNK_HDR + POOL_HDR &&
+           b < c->bump && pool_hdr_of(b)->tag == pool_tag(b);
+}
+
+void *pool_alloc_slow(uint32_t cls);
+/* p (this thread's chunk) did not fit in the thread cache: the push failed,
+ * the room is overdrawn. */
+void pool_free_slow(void *p, uint32_t cls);
+void pool_free_remote(void *p, struct pool_chunk *c, uint32_t cls);
+
+HAK_INLINE void *pool_alloc(uint32_t cls) {
+    void *p = tc_pop(cls);
+    if (hak_unlikely(p == NULL)) return pool_alloc_slow(cls);
+    pool_hdr_of(p)->state = POOL_LIVE;
+    return p;
+}
+
+/* Free p, whose region entry e says RMAP_POOL; `fn` names the API call. */
+HAK_INLINE void pool_free(void *p, uint32_t e, const char *fn) {
+    struct pool_chunk *c = pool_chunk_of(p, e);
+    if (hak_unlikely(!pool_is_block(c, p))) return diag_reject(fn, "invalid pointer", p);
+    struct pool_hdr *h = pool_hdr_of(p);
+    if (hak_unlikely(h->state != POOL_LIVE))
+        return diag_reject(fn, h->state == POOL_FREE ? "double free" : "invalid pointer", p);
+    h->state = POOL_FREE;
+    uint32_t cls = h->cls;
+    if (hak_unlikely(c->owner != hak_tc.pool)) return pool_free_remote(p, c, cls);
+    if (hak_unlikely(!tc_push(cls, p))) pool_free_slow(p, cls);
+}
+
+/* The class of p (RMAP_POOL entry e); aborts naming p when it is not a live
+ * block. */
+static inline uint32_t pool_class_of(const void *p, uint32_t e, const char *fn) {
+    struct pool_chunk *c = pool_chunk_of(p, e);
+    if (!pool_is_block(c, p) || pool_hdr_of(p)->state != POOL_LIVE)
+        diag_bad_pointer(fn, "invalid pointer", p);
+    return pool_hdr_of(p)->cls;
+}
+
+/* Thread exit: the cache back to the chunks, the heap to the next thread. */
+void pool_thread_exit(void);
+/* malloc_trim: drain and give back what the heaps of exited threads hold;
+ * true when a chunk was unmapped. */
+bool pool_trim(void);
+
+void pool_fork_prepare(void);
+void pool_fork_parent(void);
+void pool_fork_child(void);
+
+struct pool_stats {
+    uint64_t chunks_mapped, chunks_unmapped, chunks_live, bytes_live, carved_bytes;
+    uint64_t remote_frees, drains;
+};
+void pool_get_stats(struct pool_stats *s);
+
+#endif

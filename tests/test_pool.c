@@ -1,0 +1,418 @@
+/* Pool tier (8 KiB .. 52 KiB): class map, arena chunk growth, region-map
+ * registry, remote frees drained before carving, chunks unmapped once their
+ * blocks are all back, heaps handed to the next thread, bad pointers and
+ * double frees. Each test runs its allocations in a fresh thread, so it
+ * starts with a heap of its own (or a recycled one, where it says so). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "box/config.h"
+#include "box/rmap.h"
+#include "pool.h"
+#include "sizeclass.h"
+#include "tiny.h"
+
+#include "death.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void run_in_thread(void *(*fn)(void *), void *arg) {
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fn, arg), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+}
+
+static struct pool_chunk *chunk_of(const void *p) {
+    uint32_t e = rmap_get(p);
+    assert_int_equal(rmap_kind_of(e), RMAP_POOL);
+    return pool_chunk_of(p, e);
+}
+
+static struct pool_stats pstats(void) {
+    struct pool_stats s;
+    pool_get_stats(&s);
+    return s;
+}
+
+/* ---- class map ------------------------------------------------------------------------ */
+
+static void test_class_map(void **state) {
+    (void)state;
+    assert_int_equal(small_class_size[POOL_FIRST - 1], TINY_MAX);
+    assert_int_equal(small_class_size[POOL_END - 1], POOL_MAX);
+    for (size_t n = TINY_MAX + 1; n <= POOL_MAX; n++) {
+        uint32_t c = small_class_of(n);
+        assert_true(c >= POOL_FIRST && c < POOL_END);
+        assert_true(small_class_size[c] >= n && small_class_size[c - 1] < n);
+    }
+    assert_true(small_class_of(POOL_MAX + 1) >= POOL_END);
+}
+
+/* ---- arena growth and the registry ----------------------------------------------------- */
+
+#define GROW_N 1200 /* 40 KiB blocks: 48 MiB, past 1+2+4+8+8 MiB of chunks */
+
+static void *grow_thread(void *arg) {
+    size_t *sizes = arg; /* out: the sizes of the first 6 chunks, in order */
+    static void *b[GROW_N];
+    struct pool_chunk *last = NULL;
+    int nchunks = 0;
+    for (int i = 0; i < GROW_N; i++) {
+        b[i] = malloc(40000);
+        assert_non_null(b[i]);
+        memset(b[i], i & 0xff, 40000);
+        struct pool_chunk *c = chunk_of(b[i]);
+        assert_ptr_equal(c->owner, hak_tc.pool); /* found from the address alone */
+        assert_int_equal((uintptr_t)c & (HAK_REGION_SIZE - 1), 0);
+        assert_true((uint8_t *)b[i] > (uint8_t *)c && (uint8_t *)b[i] + 40000 <= c->end);
+        assert_int_equal(malloc_usable_size(b[i]), small_class_size[small_class_of(40000)]);
+        if (c != last && nchunks < 6) sizes[nchunks++] = c->size;
+        last = c;
+    }
+    for (int i = 0; i < GROW_N; i++) {
+        assert_int_equal(((uint8_t *)b[i])[39999], (uint8_t)(i & 0xff));
+        free(b[i]);
+    }
+    return NULL;
+}
+
+static void test_arena_chunks_grow_1_2_4_8(void **state) {
+    (void)state;
+    size_t sizes[6] = {0};
+    struct pool_stats a = pstats();
+    run_in_thread(grow_thread, sizes);
+    const size_t mib = (size_t)1 << 20;
+    assert_int_equal(sizes[0], 1 * mib);
+    assert_int_equal(sizes[1], 2 * mib);
+    assert_int_equal(sizes[2], 4 * mib);
+    assert_int_equal(sizes[3], 8 * mib);
+    assert_int_equal(sizes[4], 8 * mib); /* HAKMEM_POOL_ARENA_MB_MAX */
+    struct pool_stats b = pstats();
+    assert_true(b.chunks_mapped - a.chunks_mapped >= 6);
+    /* Every chunk whose blocks all came back was unmapped; the thread's
+     * exit gave back the one it was carving. */
+    assert_int_equal(b.chunks_live, a.chunks_live);
+}
+
+static void *grow_small_thread(void *arg) {
+    size_t *sizes = arg;
+    void *b[300];
+    struct pool_chunk *last = NULL;
+    int n = 0;
+    for (int i = 0; i < 300; i++) {
+        b[i] = malloc(30000);
+        struct pool_chunk *c = chunk_of(b[i]);
+        if (c != last && n < 3) sizes[n++] = c->size;
+        last = c;
+    }
+    for (int i = 0; i < 300; i++)
+        free(b[i]);
+    return NULL;
+}
+
+/* The chunk sizes come from HAKMEM_POOL_ARENA_MB_INIT / _MAX. */
+static void test_arena_sizes_follow_config(void **state) {
+    (void)state;
+    uint32_t init = hak_cfg.pool_arena_mb_init, max = hak_cfg.pool_arena_mb_max;
+    hak_cfg.pool_arena_mb_init = 2;
+    hak_cfg.pool_arena_mb_max = 4;
+    /* A heap starts at the initial size when it is new, or recycled with no
+     * chunk left (trim sees to that). */
+    malloc_trim(0);
+    size_t sizes[3] = {0};
+    run_in_thread(grow_small_thread, sizes);
+    hak_cfg.pool_arena_mb_init = init;
+    hak_cfg.pool_arena_mb_max = max;
+    const size_t mib = (size_t)1 << 20;
+    assert_int_equal(sizes[0], 2 * mib);
+    assert_int_equal(sizes[1], 4 * mib);
+    assert_int_equal(sizes[2], 4 * mib);
+}
+
+/* ---- remote frees ---------------------------------------------------------------------- */
+
+#define RF_N 60 /* 12 KiB blocks: all in the thread's first chunk */
+
+static void *rf_blocks[RF_N];
+
+static void *rf_free_all(void *arg) {
+    (void)arg;
+    for (int i = 0; i < RF_N; i++)
+        free(rf_blocks[i]);
+    return NULL;
+}
+
+static void *rf_owner(void *arg) {
+    int *reused = arg;
+    for (int i = 0; i < RF_N; i++) {
+        rf_blocks[i] = malloc(12000);
+        memset(rf_blocks[i], 0x3c, 12000);
+    }
+    struct pool_stats a = pstats();
+    run_in_thread(rf_free_all, NULL); /* another thread frees them all */
+    struct pool_stats b = pstats();
+    assert_int_equal(b.remote_frees - a.remote_frees, RF_N);
+    /* The next refill drains them first: the blocks come back, no chunk is
+     * mapped for them. */
+    void *again[RF_N];
+    for (int i = 0; i < RF_N; i++) {
+        again[i] = malloc(12000);
+        for (int j = 0; j < RF_N; j++)
+            if (again[i] == rf_blocks[j]) {
+                (*reused)++;
+                break;
+            }
+    }
+    struct pool_stats c = pstats();
+    assert_true(c.drains > b.drains);
+    assert_int_equal(c.chunks_mapped, b.chunks_mapped);
+    for (int i = 0; i < RF_N; i++)
+        free(again[i]);
+    return NULL;
+}
+
+static void test_remote_frees_drained_before_carving(void **state) {
+    (void)state;
+    int reused = 0;
+    run_in_thread(rf_owner, &reused);
+    assert_int_equal(reused, RF_N);
+}
+
+/* Many threads free into one owner while it keeps allocating and freeing. */
+#define RC_THREADS 4
+#define RC_PER     3000
+
+static void *rc_q[RC_THREADS][RC_PER];
+static _Atomic int rc_ready[RC_THREADS];
+
+static void *rc_freer(void *arg) {
+    int t = (int)(intptr_t)arg;
+    for (int i = 0; i < RC_PER; i++) {
+        while (atomic_load(&rc_ready[t]) <= i)
+            ;
+        uint8_t *p = rc_q[t][i];
+        if (p[0] != (uint8_t)(t * 31 + i) || p[9000] != (uint8_t)i) abort();
+        free(p);
+    }
+    return NULL;
+}
+
+static void test_remote_frees_under_concurrency(void **state) {
+    (void)state;
+    pthread_t f[RC_THREADS];
+    for (int t = 0; t < RC_THREADS; t++)
+        assert_int_equal(pthread_create(&f[t], NULL, rc_freer, (void *)(intptr_t)t), 0);
+    for (int i = 0; i < RC_PER; i++) {
+        for (int t = 0; t < RC_THREADS; t++) {
+            uint8_t *p = malloc(9001 + (size_t)((i * 7 + t) % 40000));
+            p[0] = (uint8_t)(t * 31 + i);
+            p[9000] = (uint8_t)i;
+            rc_q[t][i] = p;
+            atomic_store(&rc_ready[t], i + 1);
+        }
+        void *own = malloc(20000); /* the owner's own traffic, which drains */
+        free(own);
+    }
+    for (int t = 0; t < RC_THREADS; t++)
+        assert_int_equal(pthread_join(f[t], NULL), 0);
+    malloc_trim(0); /* drains what is left */
+}
+
+/* A burst freed and allocated again reuses the chunks: after the first
+ * round, no mapping is made or removed. */
+static void *cycle_thread(void *arg) {
+    uint64_t *syscalls = arg;
+    static void *b[100];
+    struct pool_stats first = {0};
+    for (int round = 0; round < 10; round++) {
+        for (int i = 0; i < 100; i++)
+            b[i] = malloc(40000);
+        for (int i = 0; i < 100; i++)
+            free(b[i]);
+        if (round == 0) first = pstats();
+    }
+    struct pool_stats last = pstats();
+    *syscalls =
+        (last.chunks_mapped - first.chunks_mapped) + (last.chunks_unmapped - first.chunks_unmapped);
+    return NULL;
+}
+
+static void test_burst_cycles_make_no_syscall(void **state) {
+    (void)state;
+    uint64_t syscalls = 99;
+    run_in_thread(cycle_thread, &syscalls);
+    assert_int_equal(syscalls, 0);
+}
+
+/* ---- chunks go back, heaps go on ------------------------------------------------------- */
+
+static void *burst_thread(void *arg) {
+    (void)arg;
+    static void *b[2000];
+    for (int i = 0; i < 2000; i++)
+        b[i] = malloc(8193 + (size_t)(i * 13) % 45000);
+    for (int i = 0; i < 2000; i++)
+        free(b[i]);
+    return NULL;
+}
+
+static void test_chunks_unmapped_when_blocks_all_back(void **state) {
+    (void)state;
+    struct pool_stats a = pstats();
+    run_in_thread(burst_thread, NULL);
+    struct pool_stats b = pstats();
+    assert_true(b.chunks_mapped > a.chunks_mapped);
+    assert_int_equal(b.chunks_live, a.chunks_live);
+    assert_int_equal(b.bytes_live, a.bytes_live);
+}
+
+static void *heap_of_thread(void *arg) {
+    struct pool_heap **out = arg;
+    void *p = malloc(10000);
+    *out = hak_tc.pool;
+    free(p);
+    return NULL;
+}
+
+static void test_heaps_recycled(void **state) {
+    (void)state;
+    struct pool_heap *h1 = NULL, *h2 = NULL;
+    run_in_thread(heap_of_thread, &h1);
+    run_in_thread(heap_of_thread, &h2);
+    assert_non_null(h1);
+    assert_ptr_equal(h1, h2); /* the second thread took the first one's heap */
+}
+
+/* A block freed by a thread after its owner exited reaches the owner's
+ * (recycled) heap, and trim gives its chunk back. */
+static void *alloc_and_exit(void *arg) {
+    void **out = arg;
+    *out = malloc(50000);
+    memset(*out, 7, 50000);
+    return NULL;
+}
+
+static void test_free_after_owner_exit(void **state) {
+    (void)state;
+    void *p = NULL;
+    run_in_thread(alloc_and_exit, &p);
+    assert_int_equal(((uint8_t *)p)[49999], 7);
+    struct pool_stats a = pstats();
+    free(p); /* a remote free into a heap nobody runs */
+    struct pool_stats b = pstats();
+    assert_int_equal(b.remote_frees - a.remote_frees, 1);
+    assert_true(malloc_trim(0));
+    struct pool_stats c = pstats();
+    assert_true(c.chunks_unmapped > b.chunks_unmapped);
+}
+
+/* ---- realloc ---------------------------------------------------------------------------- */
+
+static void test_realloc_within_and_across(void **state) {
+    (void)state;
+    uint8_t *p = malloc(9000);
+    for (int i = 0; i < 9000; i++)
+        p[i] = (uint8_t)i;
+    uint8_t *q = realloc(p, 9500); /* same class (10 KiB): stays */
+    assert_ptr_equal(q, p);
+    q = realloc(q, 40000);
+    for (int i = 0; i < 9000; i++)
+        assert_int_equal(q[i], (uint8_t)i);
+    q = realloc(q, 3000); /* down to small-mid */
+    for (int i = 0; i < 3000; i++)
+        assert_int_equal(q[i], (uint8_t)i);
+    free(q);
+}
+
+/* ---- bad pointers ----------------------------------------------------------------------- */
+
+static void do_free(void *p) {
+    void *volatile v = p;
+    free(v);
+}
+
+static void do_double_free(void *p) {
+    void *volatile v = p;
+    free(v);
+    free(v);
+}
+
+/* Double free once the block has left the thread cache for its chunk. */
+static void do_double_free_after_spill(void *p) {
+    void *volatile v = p;
+    void *other[16];
+    free(v);
+    for (int i = 0; i < 16; i++)
+        other[i] = malloc(small_class_size[small_class_of(20000)]);
+    for (int i = 0; i < 16; i++)
+        free(other[i]); /* the cache fills: v goes on to its chunk */
+    free(v);
+}
+
+static void expect_abort(void (*fn)(void *), void *p, const char *what) {
+    struct death d;
+    run_child(fn, p, &d);
+    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
+    if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGABRT)
+        fail_msg("child did not abort (status 0x%x); stderr: %s", d.status, d.err);
+    char want[160];
+    snprintf(want, sizeof want, "hakmem: free(): %s %p\n", what, p);
+    if (strcmp(d.err, want) != 0) fail_msg("expected \"%s\"; stderr was:\n%s", want, d.err);
+}
+
+static void test_bad_pointers(void **state) {
+    (void)state;
+    uint8_t *p = malloc(20000);
+    expect_abort(do_free, p + 16, "invalid pointer");
+    expect_abort(do_free, p + 8, "invalid pointer");
+    expect_abort(do_free, p + 4096, "invalid pointer");
+    expect_abort(do_free, p - 16, "invalid pointer");
+    struct pool_chunk *c = chunk_of(p);
+    expect_abort(do_free, (uint8_t *)c, "invalid pointer");
+    expect_abort(do_free, (uint8_t *)c + POOL_CHUNK_HDR + POOL_HDR + 0x100000, "invalid pointer");
+    expect_abort(do_free, c->bump + POOL_HDR, "invalid pointer"); /* never carved */
+    expect_abort(do_double_free, p, "double free");
+    expect_abort(do_double_free_after_spill, p, "double free");
+    free(p);
+}
+
+static void *free_in_thread(void *p) {
+    free(p);
+    return NULL;
+}
+
+static void cross_thread_double_free(void *p) {
+    free(p); /* this thread owns it */
+    run_in_thread(free_in_thread, p);
+}
+
+static void test_cross_thread_double_free(void **state) {
+    (void)state;
+    void *p = malloc(30000);
+    expect_abort(cross_thread_double_free, p, "double free");
+    free(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_class_map),
+        cmocka_unit_test(test_arena_chunks_grow_1_2_4_8),
+        cmocka_unit_test(test_arena_sizes_follow_config),
+        cmocka_unit_test(test_remote_frees_drained_before_carving),
+        cmocka_unit_test(test_remote_frees_under_concurrency),
+        cmocka_unit_test(test_burst_cycles_make_no_syscall),
+        cmocka_unit_test(test_chunks_unmapped_when_blocks_all_back),
+        cmocka_unit_test(test_heaps_recycled),
+        cmocka_unit_test(test_free_after_owner_exit),
+        cmocka_unit_test(test_realloc_within_and_across),
+        cmocka_unit_test(test_bad_pointers),
+        cmocka_unit_test(test_cross_thread_double_free),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
