@@ -252,9 +252,8 @@ static bool pool_heap_tidy(struct pool_heap *h) {
     return atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed) != before;
 }
 
-void pool_thread_exit(void) {
-    struct pool_heap *h = hak_tc.pool;
-    if (h == NULL) return;
+/* Every block this thread caches back to its chunk (h is the thread's). */
+static void pool_cache_return(struct pool_heap *h) {
     for (uint32_t cls = POOL_FIRST; cls < POOL_END; cls++) {
         uint32_t n = tc_count(cls);
         if (n == 0) continue;
@@ -266,6 +265,12 @@ void pool_thread_exit(void) {
             b = next;
         }
     }
+}
+
+void pool_thread_exit(void) {
+    struct pool_heap *h = hak_tc.pool;
+    if (h == NULL) return;
+    pool_cache_return(h);
     pool_heap_tidy(h);
     hak_tc.pool = NULL;
     hak_lock(&pool_lock);
@@ -276,20 +281,9 @@ void pool_thread_exit(void) {
 
 bool pool_trim(void) {
     bool any = false;
-    /* This thread's cache, then its heap. */
     struct pool_heap *mine = hak_tc.pool;
     if (mine) {
-        for (uint32_t cls = POOL_FIRST; cls < POOL_END; cls++) {
-            uint32_t n = tc_count(cls);
-            if (n == 0) continue;
-            void *last;
-            void *b = tc_take(cls, n, &last);
-            for (uint32_t i = 0; i < n; i++) {
-                void *next = *(void **)b;
-                pool_give(mine, b, cls);
-                b = next;
-            }
-        }
+        pool_cache_return(mine);
         any |= pool_heap_tidy(mine);
     }
     /* Heaps of exited threads: ours to tidy while we hold the lock. */

@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #define DEATH_TIMEOUT_MS 10000
@@ -88,5 +89,57 @@ static void run_child(void (*fn)(void *), void *arg, struct death *d) {
 }
 
 /* Counts lines of d->err equal to `line`, and lines starting "hakmem:". */
+static inline void count_lines(const struct death *d, const char *line, int *exact, int *hakmem) {
+    *exact = *hakmem = 0;
+    const char *s = d->err;
+    while (*s) {
+        const char *e = strchr(s, '\n');
+        size_t n = e ? (size_t)(e - s) : strlen(s);
+        if (n == strlen(line) && memcmp(s, line, n) == 0) (*exact)++;
+        if (n >= 7 && memcmp(s, "hakmem:", 7) == 0) (*hakmem)++;
+        s += n + (e != NULL);
+    }
+}
+
+static inline void assert_aborted(const struct death *d) {
+    if (d->timedout)
+        fail_msg("child hung (killed after %d ms); stderr: %s", DEATH_TIMEOUT_MS, d->err);
+    if (!WIFSIGNALED(d->status))
+        fail_msg("child did not die from a signal (exit %d); stderr: %s", WEXITSTATUS(d->status),
+                 d->err);
+    if (WTERMSIG(d->status) != SIGABRT)
+        fail_msg("child died from signal %d, not SIGABRT; stderr: %s", WTERMSIG(d->status), d->err);
+}
+
+/* The child must abort, printing exactly `expected` and no other hakmem line. */
+static inline void expect_death(void (*fn)(void *), void *arg, const char *expected) {
+    struct death d;
+    run_child(fn, arg, &d);
+    assert_aborted(&d);
+    int exact, hak;
+    count_lines(&d, expected, &exact, &hak);
+    if (exact != 1 || hak != 1)
+        fail_msg("expected exactly one line \"%s\"; stderr was:\n%s", expected, d.err);
+}
+
+/* fn(p) in a child must abort with the one line "hakmem: free(): <what> <p>". */
+static inline void expect_free_abort(void (*fn)(void *), void *p, const char *what) {
+    char line[160];
+    snprintf(line, sizeof line, "hakmem: free(): %s %p", what, p);
+    expect_death(fn, p, line);
+}
+
+/* Pointers travel through a volatile so the compiler cannot diagnose or
+ * fold the deliberately bad calls. */
+static inline void do_free(void *p) {
+    void *volatile v = p;
+    free(v);
+}
+
+static inline void do_double_free(void *p) {
+    void *volatile v = p;
+    free(v);
+    free(v);
+}
 
 #endif

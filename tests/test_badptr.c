@@ -30,39 +30,6 @@ extern void __libc_free(void *ptr);
 
 #include "death.h"
 
-static void count_lines(const struct death *d, const char *line, int *exact, int *hakmem) {
-    *exact = *hakmem = 0;
-    const char *s = d->err;
-    while (*s) {
-        const char *e = strchr(s, '\n');
-        size_t n = e ? (size_t)(e - s) : strlen(s);
-        if (n == strlen(line) && memcmp(s, line, n) == 0) (*exact)++;
-        if (n >= 7 && memcmp(s, "hakmem:", 7) == 0) (*hakmem)++;
-        s += n + (e != NULL);
-    }
-}
-
-static void assert_aborted(const struct death *d) {
-    if (d->timedout)
-        fail_msg("child hung (killed after %d ms); stderr: %s", DEATH_TIMEOUT_MS, d->err);
-    if (!WIFSIGNALED(d->status))
-        fail_msg("child did not die from a signal (exit %d); stderr: %s", WEXITSTATUS(d->status),
-                 d->err);
-    if (WTERMSIG(d->status) != SIGABRT)
-        fail_msg("child died from signal %d, not SIGABRT; stderr: %s", WTERMSIG(d->status), d->err);
-}
-
-/* The child must abort, printing exactly `expected` and no other hakmem line. */
-static void expect_death(void (*fn)(void *), void *arg, const char *expected) {
-    struct death d;
-    run_child(fn, arg, &d);
-    assert_aborted(&d);
-    int exact, hak;
-    count_lines(&d, expected, &exact, &hak);
-    if (exact != 1 || hak != 1)
-        fail_msg("expected exactly one line \"%s\"; stderr was:\n%s", expected, d.err);
-}
-
 static void expect_invalid(const char *fn_name, void (*fn)(void *), void *ptr) {
     char line[128];
     snprintf(line, sizeof line, "hakmem: %s(): invalid pointer %p", fn_name, ptr);
@@ -73,11 +40,6 @@ static void expect_invalid(const char *fn_name, void (*fn)(void *), void *ptr) {
 
 /* Pointers travel through a volatile so the compiler cannot diagnose or
  * fold the deliberately bad calls. */
-static void do_free(void *p) {
-    void *volatile v = p;
-    free(v);
-}
-
 static void do_realloc(void *p) {
     void *volatile v = p;
     void *r = realloc(v, 100);
@@ -89,12 +51,6 @@ static void do_usable_size(void *p) {
     void *volatile v = p;
     size_t n = malloc_usable_size(v);
     fprintf(stderr, "malloc_usable_size returned %zu\n", n);
-}
-
-static void do_double_free(void *p) {
-    void *volatile v = p;
-    free(v);
-    free(v);
 }
 
 /* ---- bad pointers --------------------------------------------------------- */

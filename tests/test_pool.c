@@ -332,17 +332,6 @@ static void test_realloc_within_and_across(void **state) {
 
 /* ---- bad pointers ----------------------------------------------------------------------- */
 
-static void do_free(void *p) {
-    void *volatile v = p;
-    free(v);
-}
-
-static void do_double_free(void *p) {
-    void *volatile v = p;
-    free(v);
-    free(v);
-}
-
 /* Double free once the block has left the thread cache for its chunk. */
 static void do_double_free_after_spill(void *p) {
     void *volatile v = p;
@@ -355,30 +344,20 @@ static void do_double_free_after_spill(void *p) {
     free(v);
 }
 
-static void expect_abort(void (*fn)(void *), void *p, const char *what) {
-    struct death d;
-    run_child(fn, p, &d);
-    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
-    if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGABRT)
-        fail_msg("child did not abort (status 0x%x); stderr: %s", d.status, d.err);
-    char want[160];
-    snprintf(want, sizeof want, "hakmem: free(): %s %p\n", what, p);
-    if (strcmp(d.err, want) != 0) fail_msg("expected \"%s\"; stderr was:\n%s", want, d.err);
-}
-
 static void test_bad_pointers(void **state) {
     (void)state;
     uint8_t *p = malloc(20000);
-    expect_abort(do_free, p + 16, "invalid pointer");
-    expect_abort(do_free, p + 8, "invalid pointer");
-    expect_abort(do_free, p + 4096, "invalid pointer");
-    expect_abort(do_free, p - 16, "invalid pointer");
+    expect_free_abort(do_free, p + 16, "invalid pointer");
+    expect_free_abort(do_free, p + 8, "invalid pointer");
+    expect_free_abort(do_free, p + 4096, "invalid pointer");
+    expect_free_abort(do_free, p - 16, "invalid pointer");
     struct pool_chunk *c = chunk_of(p);
-    expect_abort(do_free, (uint8_t *)c, "invalid pointer");
-    expect_abort(do_free, (uint8_t *)c + POOL_CHUNK_HDR + POOL_HDR + 0x100000, "invalid pointer");
-    expect_abort(do_free, c->bump + POOL_HDR, "invalid pointer"); /* never carved */
-    expect_abort(do_double_free, p, "double free");
-    expect_abort(do_double_free_after_spill, p, "double free");
+    expect_free_abort(do_free, (uint8_t *)c, "invalid pointer");
+    expect_free_abort(do_free, (uint8_t *)c + POOL_CHUNK_HDR + POOL_HDR + 0x100000,
+                      "invalid pointer");
+    expect_free_abort(do_free, c->bump + POOL_HDR, "invalid pointer"); /* never carved */
+    expect_free_abort(do_double_free, p, "double free");
+    expect_free_abort(do_double_free_after_spill, p, "double free");
     free(p);
 }
 
@@ -395,7 +374,7 @@ static void cross_thread_double_free(void *p) {
 static void test_cross_thread_double_free(void **state) {
     (void)state;
     void *p = malloc(30000);
-    expect_abort(cross_thread_double_free, p, "double free");
+    expect_free_abort(cross_thread_double_free, p, "double free");
     free(p);
 }
 

@@ -809,49 +809,15 @@ static void test_remote_free_racing_owner_exit(void **state) {
     }
 }
 
-/* The child must die of SIGABRT after exactly one "hakmem:" line on stderr,
- * equal to `want` (or, with want_prefix, starting "hakmem: free(): " and
- * naming the pointer p). */
-static void expect_abort(void (*fn)(void *), void *p, const char *what) {
-    struct death d;
-    run_child(fn, p, &d);
-    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
-    if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGABRT)
-        fail_msg("child did not abort (status 0x%x); stderr: %s", d.status, d.err);
-    char want[160];
-    snprintf(want, sizeof want, "hakmem: free(): %s %p", what, p);
-    int hak = 0, exact = 0;
-    for (const char *s = d.err; *s;) {
-        const char *e = strchr(s, '\n');
-        size_t n = e ? (size_t)(e - s) : strlen(s);
-        if (n >= 7 && memcmp(s, "hakmem:", 7) == 0) hak++;
-        if (n == strlen(want) && memcmp(s, want, n) == 0) exact++;
-        s += n + (e != NULL);
-    }
-    if (hak != 1 || exact != 1)
-        fail_msg("expected exactly one line \"%s\"; stderr was:\n%s", want, d.err);
-}
-
-static void do_free(void *p) {
-    void *volatile v = p;
-    free(v);
-}
-
-static void do_double_free(void *p) {
-    void *volatile v = p;
-    free(v);
-    free(v);
-}
-
 static void test_free_interior_tiny_pointer(void **state) {
     (void)state;
     const size_t sizes[] = {16, 48, 100, 500, 1000};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         uint8_t *p = malloc(sizes[i]);
         assert_true(ss_contains(p));
-        expect_abort(do_free, p + 8, "invalid pointer");
-        if (sizes[i] > 16) expect_abort(do_free, p + 16, "invalid pointer");
-        expect_abort(do_free, p + 1, "invalid pointer");
+        expect_free_abort(do_free, p + 8, "invalid pointer");
+        if (sizes[i] > 16) expect_free_abort(do_free, p + 16, "invalid pointer");
+        expect_free_abort(do_free, p + 1, "invalid pointer");
         free(p);
     }
 }
@@ -873,11 +839,11 @@ static void test_free_never_carved_block(void **state) {
     assert_true(s->carved < s->capacity);
     uint8_t *base = ss_slab_base(s);
     uint8_t *next = base + (size_t)s->carved * s->size; /* block-aligned, not carved */
-    expect_abort(do_free, next, "invalid pointer");
+    expect_free_abort(do_free, next, "invalid pointer");
     uint8_t *last = base + (size_t)(s->capacity - 1) * s->size;
-    expect_abort(do_free, last, "invalid pointer");
+    expect_free_abort(do_free, last, "invalid pointer");
     /* Past the last whole block (65280 .. 65535): never a block. */
-    expect_abort(do_free, base + (size_t)s->capacity * s->size, "invalid pointer");
+    expect_free_abort(do_free, base + (size_t)s->capacity * s->size, "invalid pointer");
     free(p);
 }
 
@@ -886,10 +852,10 @@ static void test_free_in_superslab_header(void **state) {
     uint8_t *p = malloc(200);
     uint8_t *ss = (uint8_t *)ss_of(p);
     assert_true(ss_contains(ss));
-    expect_abort(do_free, ss, "invalid pointer");
-    expect_abort(do_free, ss + 64, "invalid pointer");
-    expect_abort(do_free, ss + 4096, "invalid pointer");
-    expect_abort(do_free, ss + SS_SLOT_SIZE - 16, "invalid pointer");
+    expect_free_abort(do_free, ss, "invalid pointer");
+    expect_free_abort(do_free, ss + 64, "invalid pointer");
+    expect_free_abort(do_free, ss + 4096, "invalid pointer");
+    expect_free_abort(do_free, ss + SS_SLOT_SIZE - 16, "invalid pointer");
     free(p);
 }
 
@@ -911,8 +877,8 @@ static void test_free_in_unused_slot(void **state) {
     assert_true(slot != 0);
     uint8_t *base = (uint8_t *)ss + (size_t)slot * SS_SLOT_SIZE;
     assert_true(ss_contains(base));
-    expect_abort(do_free, base, "invalid pointer");
-    expect_abort(do_free, base + 384, "invalid pointer");
+    expect_free_abort(do_free, base, "invalid pointer");
+    expect_free_abort(do_free, base + 384, "invalid pointer");
     while (n > 0)
         ss_release(held[--n]);
     munmap(held, MAX * sizeof *held);
@@ -948,8 +914,8 @@ static void test_free_in_given_back_superslab(void **state) {
     hak_cfg.ss_cache = cache;
     assert_false(maps_writable(ss));
     assert_true(ss_contains(block));
-    expect_abort(do_free, block, "invalid pointer");
-    expect_abort(do_free, (uint8_t *)ss + SS_SIZE - 1024, "invalid pointer");
+    expect_free_abort(do_free, block, "invalid pointer");
+    expect_free_abort(do_free, (uint8_t *)ss + SS_SIZE - 1024, "invalid pointer");
     for (uint32_t i = 0; i < first; i++)
         ss_release(held[i]);
     munmap(held, MAX * sizeof *held);
@@ -960,7 +926,7 @@ static void test_immediate_double_free(void **state) {
     const size_t sizes[] = {1, 32, 64, 200, 1024};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         void *p = malloc(sizes[i]);
-        expect_abort(do_double_free, p, "double free");
+        expect_free_abort(do_double_free, p, "double free");
         free(p);
     }
 }
@@ -1028,7 +994,7 @@ static void test_double_free_after_slab_released(void **state) {
     assert_int_equal(pthread_join(t, NULL), 0);
     malloc_trim(0);
     assert_true(!maps_writable(p) || ss_slab_of(p)->state != SS_ACTIVE);
-    expect_abort(do_free, p, "invalid pointer");
+    expect_free_abort(do_free, p, "invalid pointer");
 }
 
 /* ---- a small SuperSlab range ---------------------------------------------------------- */
