@@ -223,8 +223,7 @@ void pool_free_slow(void *p, uint32_t cls) {
     pool_give(hak_tc.pool, p, cls);
 }
 
-void pool_free_remote(void *p, struct pool_chunk *c, uint32_t cls) {
-    (void)cls;
+void pool_free_remote(void *p, struct pool_chunk *c) {
     /* The chunk keeps p counted out until its owner drains it, so it stays
      * mapped; the heap is never unmapped. */
     struct pool_heap *h = c->owner;

@@ -17,8 +17,6 @@
 #include "tcache.h"
 
 #define POOL_MAX      ((size_t)53248)
-#define POOL_FIRST    TINY_NCLASSES /* class of 10 KiB */
-#define POOL_END      43u           /* one past the class of 52 KiB */
 #define POOL_NCLASSES (POOL_END - POOL_FIRST)
 #define POOL_HDR      16u
 
@@ -76,7 +74,7 @@ void *pool_alloc_slow(uint32_t cls);
 /* p (this thread's chunk) did not fit in the thread cache: the push failed,
  * the room is overdrawn. */
 void pool_free_slow(void *p, uint32_t cls);
-void pool_free_remote(void *p, struct pool_chunk *c, uint32_t cls);
+void pool_free_remote(void *p, struct pool_chunk *c);
 
 HAK_INLINE void *pool_alloc(uint32_t cls) {
     void *p = tc_pop(cls);
@@ -93,9 +91,8 @@ HAK_INLINE void pool_free(void *p, uint32_t e, const char *fn) {
     if (hak_unlikely(h->state != POOL_LIVE))
         return diag_reject(fn, h->state == POOL_FREE ? "double free" : "invalid pointer", p);
     h->state = POOL_FREE;
-    uint32_t cls = h->cls;
-    if (hak_unlikely(c->owner != hak_tc.pool)) return pool_free_remote(p, c, cls);
-    if (hak_unlikely(!tc_push(cls, p))) pool_free_slow(p, cls);
+    if (hak_unlikely(c->owner != hak_tc.pool)) return pool_free_remote(p, c);
+    if (hak_unlikely(!tc_push(h->cls, p))) pool_free_slow(p, h->cls);
 }
 
 /* The class of p (RMAP_POOL entry e); aborts naming p when it is not a live

@@ -12,6 +12,11 @@
 /* Classes 0 .. TINY_NCLASSES-1 (sizes up to 8 KiB) live in SuperSlabs: the
  * Tiny tier proper (0 .. 19, up to 1 KiB) and small-mid (20 .. 31). */
 #define TINY_NCLASSES 32
+/* Classes POOL_FIRST .. POOL_END-1 (10 .. 52 KiB) are the Pool tier's; the
+ * small tier has the rest (SMALL_FIRST ..). */
+#define POOL_FIRST  TINY_NCLASSES
+#define POOL_END    43u
+#define SMALL_FIRST POOL_END
 
 extern HAK_HIDDEN const uint32_t small_class_size[SMALL_NCLASSES];
 extern HAK_HIDDEN const uint16_t small_class_cap[SMALL_NCLASSES];

@@ -14,9 +14,6 @@
 
 #include <stdbool.h>
 
-/* First class this tier caches: the ones above the Pool tier. */
-#define SMALL_FIRST 43u
-
 void *small_alloc_slow(uint32_t cls);
 /* Entered with cls < SMALL_FIRST (no push tried), or after small_free's
  * push failed (room overdrawn: refunded here). */

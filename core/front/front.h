@@ -12,8 +12,6 @@
 #include "small.h"
 #include "tiny.h"
 
-_Static_assert(SMALL_FIRST == POOL_END, "the small tier starts where the Pool tier ends");
-
 HAK_INLINE void *front_malloc(size_t n) {
     if (hak_likely(n < TINY_LUT_N)) return tiny_alloc(small_class_lut[n]);
     if (n <= TINY_MAX) return tiny_alloc(small_class_of(n));
