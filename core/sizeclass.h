@@ -13,7 +13,7 @@
  * Tiny tier proper (0 .. 19, up to 1 KiB) and small-mid (20 .. 31). */
 #define TINY_NCLASSES 32
 /* Classes POOL_FIRST .. POOL_END-1 (10 .. 52 KiB) are the Pool tier's; the
- * small tier has the rest (SMALL_FIRST ..). */
+ * L2.5 tier has the rest (SMALL_FIRST ..). */
 #define POOL_FIRST  TINY_NCLASSES
 #define POOL_END    43u
 #define SMALL_FIRST POOL_END

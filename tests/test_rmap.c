@@ -58,13 +58,13 @@ static void test_span_across_leaf_boundary(void **state) {
 static void test_set_region_and_refusals(void **state) {
     (void)state;
     uint8_t *r = (uint8_t *)(FAR + 200 * HAK_REGION_SIZE);
-    assert_true(rmap_set_region(r, RMAP_SMALL, 37));
-    assert_int_equal(rmap_kind_of(rmap_get(r + HAK_REGION_SIZE - 1)), RMAP_SMALL);
+    assert_true(rmap_set_region(r, RMAP_L25, 37));
+    assert_int_equal(rmap_kind_of(rmap_get(r + HAK_REGION_SIZE - 1)), RMAP_L25);
     assert_int_equal(rmap_payload(rmap_get(r)), 37);
     rmap_clear_span(r, 1);
     assert_int_equal(rmap_get(r), RMAP_NONE);
     /* Beyond the 47-bit user address space nothing can be marked. */
-    assert_false(rmap_set_region((void *)((uintptr_t)1 << 47), RMAP_SMALL, 1));
+    assert_false(rmap_set_region((void *)((uintptr_t)1 << 47), RMAP_L25, 1));
     assert_false(rmap_mark_span((void *)(((uintptr_t)1 << 47) - HAK_REGION_SIZE),
                                 2 * HAK_REGION_SIZE, RMAP_LARGE));
 }
@@ -76,7 +76,7 @@ static uint8_t *race_base;
 static void *racer(void *arg) {
     uintptr_t i = (uintptr_t)arg;
     for (uintptr_t k = 0; k < 64; k++)
-        rmap_set_region(race_base + (k * RACERS + i) * HAK_REGION_SIZE, RMAP_SMALL,
+        rmap_set_region(race_base + (k * RACERS + i) * HAK_REGION_SIZE, RMAP_L25,
                         (uint32_t)(k * RACERS + i));
     return NULL;
 }
@@ -91,7 +91,7 @@ static void test_concurrent_leaf_creation(void **state) {
         pthread_join(t[i], NULL);
     for (uint32_t j = 0; j < 64 * RACERS; j++) {
         uint32_t e = rmap_get(race_base + (size_t)j * HAK_REGION_SIZE);
-        assert_int_equal(rmap_kind_of(e), RMAP_SMALL);
+        assert_int_equal(rmap_kind_of(e), RMAP_L25);
         assert_int_equal(rmap_payload(e), j);
     }
     rmap_clear_span(race_base, 64 * RACERS * HAK_REGION_SIZE);
@@ -104,7 +104,7 @@ static void test_real_blocks_have_their_tier(void **state) {
     assert_true(ss_contains(tiny));
     assert_int_equal(rmap_get(tiny), RMAP_NONE);
     assert_false(ss_contains(small) || ss_contains(large));
-    assert_int_equal(rmap_kind_of(rmap_get(small)), RMAP_SMALL);
+    assert_int_equal(rmap_kind_of(rmap_get(small)), RMAP_L25);
     assert_int_equal(rmap_kind_of(rmap_get(large)), RMAP_LARGE);
     free(tiny);
     free(small);

@@ -1000,7 +1000,7 @@ static void test_double_free_after_slab_released(void **state) {
 /* ---- a small SuperSlab range ---------------------------------------------------------- */
 
 /* Under an address-space limit the SuperSlab range is small; once it is
- * full, Tiny requests go to the small tier and keep succeeding. The range
+ * full, Tiny requests go to the L2.5 tier and keep succeeding. The range
  * is reserved with the process's first SuperSlab, so this runs in a fresh
  * process: this binary re-executed with RANGE_CHILD_ARG under RLIMIT_AS. */
 #define RANGE_CHILD_ARG "--small-range-child"
@@ -1020,19 +1020,21 @@ static int small_range_child(void) {
     }
     if (outside == 0) return 12;            /* the range never filled up */
     if (outside == RANGE_BLOCKS) return 13; /* no range at all */
-    uint8_t *kept = NULL;
+    /* Keep the first two blocks served past the range (one bundle), so
+     * the first one's bundle is not given back when it is freed. */
+    uint8_t *kept[2] = {NULL, NULL};
     for (uint32_t i = 0; i < RANGE_BLOCKS; i++) {
         for (size_t k = 0; k < 256; k += 64)
             if (b[i][k] != (uint8_t)(i & 0xff)) return 14;
         if (malloc_usable_size(b[i]) < 256) return 15;
-        if (kept == NULL && !ss_contains(b[i]))
-            kept = b[i];
+        if (kept[1] == NULL && !ss_contains(b[i]))
+            kept[kept[0] != NULL] = b[i];
         else
             free(b[i]);
     }
     /* A double free of a block served past the range is caught too. */
-    free(kept);
-    free(kept);
+    free(kept[0]);
+    free(kept[0]);
     return 16;
 }
 

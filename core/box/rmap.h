@@ -4,7 +4,7 @@
  *
  * The 47-bit user address space is cut into 2 MiB regions. Each region has a
  * 32-bit entry: the owning kind in the low 8 bits and a kind-specific payload
- * in the high 24 (the size class for small regions; for a mapping that spans
+ * in the high 24 (a bundle descriptor for L2.5 regions; for a mapping that spans
  * several regions (a Large block, a Pool chunk), how many regions back its
  * first one is). A two-level
  * radix table with a static root: lookups are two dependent loads, leaves are
@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum rmap_kind { RMAP_NONE = 0, RMAP_SMALL = 1, RMAP_LARGE = 2, RMAP_POOL = 3 };
+enum rmap_kind { RMAP_NONE = 0, RMAP_L25 = 1, RMAP_LARGE = 2, RMAP_POOL = 3 };
 
 #define RMAP_VA_BITS   47
 #define RMAP_LEAF_BITS 16

@@ -4,7 +4,7 @@
 #include "box/os.h"
 #include "large.h"
 #include "pool.h"
-#include "small.h"
+#include "l25.h"
 #include "superslab/ss.h"
 #include "tiny.h"
 
@@ -47,10 +47,10 @@ static void stats_tiny(int fd) {
 }
 
 void stats_print(int fd) {
-    struct small_stats s;
+    struct l25_stats s;
     struct large_stats l;
     struct ss_stats t;
-    small_get_stats(&s);
+    l25_get_stats(&s);
     large_get_stats(&l);
     ss_get_stats(&t);
     struct diag_buf b = {.n = 0};
@@ -75,10 +75,13 @@ void stats_print(int fd) {
     stats_line(fd, "pool.carved_bytes", o.carved_bytes);
     stats_line(fd, "pool.remote_frees", o.remote_frees);
     stats_line(fd, "pool.drains", o.drains);
-    stats_line(fd, "small.regions", s.regions);
-    stats_line(fd, "small.carved_bytes", s.carved_bytes);
-    stats_line(fd, "small.refills", s.refills);
-    stats_line(fd, "small.flushes", s.flushes);
+    stats_line(fd, "l25.bundles_mapped", s.bundles_mapped);
+    stats_line(fd, "l25.bundles_unmapped", s.bundles_unmapped);
+    stats_line(fd, "l25.bytes_mapped", s.bytes_mapped);
+    stats_line(fd, "l25.bytes_out", s.carved_bytes);
+    stats_line(fd, "l25.refills", s.refills);
+    stats_line(fd, "l25.flushes", s.flushes);
+    stats_line(fd, "l25.decommits", s.decommits);
     stats_line(fd, "large.allocs", l.allocs);
     stats_line(fd, "large.frees", l.frees);
     stats_line(fd, "large.cache_hits", l.cache_hits);

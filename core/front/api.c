@@ -52,10 +52,8 @@ static size_t front_usable_size(void *p) {
     switch (rmap_kind_of(e)) {
     case RMAP_POOL:
         return small_class_size[pool_class_of(p, e, "malloc_usable_size")];
-    case RMAP_SMALL:
-        if (!small_is_block(p, rmap_payload(e)))
-            diag_bad_pointer("malloc_usable_size", "invalid pointer", p);
-        return small_class_size[rmap_payload(e)];
+    case RMAP_L25:
+        return small_class_size[l25_class_of(p, e, "malloc_usable_size")];
     case RMAP_LARGE:
         return large_usable_size(p, e, "malloc_usable_size");
     default:
@@ -95,9 +93,8 @@ static void *front_realloc(void *p, size_t n) {
     switch (rmap_kind_of(e)) {
     case RMAP_POOL:
         return front_realloc_class(p, pool_class_of(p, e, "realloc"), n);
-    case RMAP_SMALL:
-        if (!small_is_block(p, rmap_payload(e))) diag_bad_pointer("realloc", "invalid pointer", p);
-        return front_realloc_class(p, rmap_payload(e), n);
+    case RMAP_L25:
+        return front_realloc_class(p, l25_class_of(p, e, "realloc"), n);
     case RMAP_LARGE:
         if (n > HAK_SMALL_MAX) return large_realloc(p, e, n);
         return front_move(p, large_usable_size(p, e, "realloc"), n);
@@ -154,23 +151,24 @@ static void *front_pvalloc(size_t n) {
 }
 
 static int front_trim(void) {
-    small_thread_flush();
-    bool tiny = tiny_trim(), ss = ss_trim(), pool = pool_trim(), large = large_trim();
-    return tiny || ss || pool || large;
+    l25_thread_flush();
+    bool tiny = tiny_trim(), ss = ss_trim(), pool = pool_trim(), l25 = l25_trim();
+    bool large = large_trim();
+    return tiny || ss || pool || l25 || large;
 }
 
 static struct mallinfo2 front_mallinfo2(void) {
-    struct small_stats s;
+    struct l25_stats s;
     struct large_stats l;
     struct ss_stats t;
     struct pool_stats o;
-    small_get_stats(&s);
+    l25_get_stats(&s);
     large_get_stats(&l);
     ss_get_stats(&t);
     pool_get_stats(&o);
     struct mallinfo2 mi = {0};
-    /* Size-classed address space: small regions, SuperSlabs, Pool chunks. */
-    mi.arena = (s.regions + t.live) * HAK_REGION_SIZE + o.bytes_live;
+    /* Size-classed address space: SuperSlabs, Pool chunks, L2.5 bundles. */
+    mi.arena = t.live * HAK_REGION_SIZE + o.bytes_live + s.bytes_mapped;
     mi.uordblks = s.carved_bytes + t.carved_bytes + o.carved_bytes; /* carved into blocks */
     mi.fordblks = mi.arena - mi.uordblks;                           /* not carved yet */
     mi.hblks = l.live_blocks;

@@ -9,21 +9,21 @@
 #include "box/rmap.h"
 #include "large.h"
 #include "pool.h"
-#include "small.h"
+#include "l25.h"
 #include "tiny.h"
 
 HAK_INLINE void *front_malloc(size_t n) {
     if (hak_likely(n < TINY_LUT_N)) return tiny_alloc(small_class_lut[n]);
     if (n <= TINY_MAX) return tiny_alloc(small_class_of(n));
     if (n <= POOL_MAX) return pool_alloc(small_class_of(n));
-    if (n <= HAK_SMALL_MAX) return small_alloc(small_class_of(n));
+    if (n <= HAK_SMALL_MAX) return l25_alloc(small_class_of(n));
     return large_alloc(n, HAK_MIN_ALIGN, false);
 }
 
 /* A block of class cls from whichever tier serves that class. */
 HAK_INLINE void *front_alloc_class(uint32_t cls) {
     if (cls < TINY_NCLASSES) return tiny_alloc(cls);
-    return cls < POOL_END ? pool_alloc(cls) : small_alloc(cls);
+    return cls < POOL_END ? pool_alloc(cls) : l25_alloc(cls);
 }
 
 /* Free p; `fn` names the API call in error messages. NULL is a no-op, and
@@ -38,8 +38,8 @@ HAK_INLINE void front_free(void *p, const char *fn) {
         pool_free(p, e, fn);
         return;
     }
-    if (rmap_kind_of(e) == RMAP_SMALL) {
-        small_free(p, rmap_payload(e), fn);
+    if (rmap_kind_of(e) == RMAP_L25) {
+        l25_free(p, e, fn);
         return;
     }
     if (rmap_kind_of(e) == RMAP_LARGE) {

@@ -5,7 +5,7 @@
 #include "box/stats.h"
 #include "large.h"
 #include "pool.h"
-#include "small.h"
+#include "l25.h"
 #include "superslab/ss.h"
 #include "tcache.h"
 #include "tiny.h"
@@ -36,7 +36,7 @@ static void life_thread_exit(void *unused) {
     life_exited = true;
     tiny_thread_exit();
     pool_thread_exit();
-    small_thread_flush();
+    l25_thread_flush();
     tc_thread_close();
 }
 
@@ -48,7 +48,7 @@ static void life_fork_prepare(void) {
     tiny_fork_prepare(); /* before ss: the Tiny lock is taken outside the SuperSlab lock */
     ss_fork_prepare();
     pool_fork_prepare();
-    small_fork_prepare();
+    l25_fork_prepare();
     large_fork_prepare();
     hak_in_fork = true;
 }
@@ -56,7 +56,7 @@ static void life_fork_prepare(void) {
 static void life_fork_parent(void) {
     hak_in_fork = false;
     large_fork_parent();
-    small_fork_parent();
+    l25_fork_parent();
     pool_fork_parent();
     ss_fork_parent();
     tiny_fork_parent();
@@ -65,7 +65,7 @@ static void life_fork_parent(void) {
 static void life_fork_child(void) {
     hak_in_fork = false;
     large_fork_child();
-    small_fork_child();
+    l25_fork_child();
     pool_fork_child();
     ss_fork_child();
     tiny_fork_child();

@@ -1,0 +1,444 @@
+/* L2.5 tier: bundles, their shards, and the slow paths of the thread cache.
+ *
+ * Block index without a division: small_class_div is exact for offsets below
+ * 2^42 / size (the error of its magic multiplier stays under one block), so a
+ * class's bundle must be no bigger than that: 2 MiB bundles up to 512 KiB
+ * blocks (2^42 / 2^19 = 8 MiB), 4 MiB bundles above (2^42 / 1 MiB = 4 MiB). */
+#include "l25.h"
+
+#include "box/lock.h"
+#include "box/os.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+struct l25_shard {
+    _Alignas(64) pthread_mutex_t lock;
+    struct l25_bundle *partial; /* bundles with free blocks and blocks out */
+    struct l25_bundle *empty;   /* bundles with every block free */
+    uint32_t nempty;
+    bool spare; /* the head of `empty` is still committed */
+    uint64_t refills, flushes, carved_bytes;
+};
+
+HAK_HIDDEN struct l25_bundle l25_bundles[L25_MAX_BUNDLES];
+
+static struct l25_shard l25_shards[SMALL_NCLASSES][L25_SHARDS] = {
+    [0 ... SMALL_NCLASSES - 1] = {[0 ... L25_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}},
+};
+
+/* Descriptors: a high-water mark and a list of the ones given back. */
+static pthread_mutex_t l25_desc_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t l25_desc_top;
+static struct l25_bundle *l25_desc_free;
+static uint64_t l25_mapped, l25_unmapped, l25_bytes, l25_decommits; /* under l25_desc_lock */
+
+/* Shards are handed to threads in turn. */
+static _Atomic uint32_t l25_next_shard;
+static __thread uint32_t l25_my_shard = UINT32_MAX;
+
+static uint32_t l25_thread_shard(void) {
+    if (hak_unlikely(l25_my_shard == UINT32_MAX))
+        l25_my_shard =
+            atomic_fetch_add_explicit(&l25_next_shard, 1, memory_order_relaxed) % L25_SHARDS;
+    return l25_my_shard;
+}
+
+static inline size_t l25_span(uint32_t size) {
+    return size > ((size_t)512 << 10) ? 2 * HAK_REGION_SIZE : HAK_REGION_SIZE;
+}
+
+static inline uint32_t l25_words(uint32_t nblocks) {
+    return (nblocks + 63) / 64;
+}
+
+/* Make every usable block of b free (a new bundle, or one decommitted, whose
+ * bitmaps in its first blocks read as zero again). */
+static void l25_bundle_reset(struct l25_bundle *b) {
+    uint32_t words = l25_words(b->nblocks);
+    memset(b->avail, 0, words * sizeof(uint64_t));
+    for (uint32_t i = b->first; i < b->nblocks; i++)
+        b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
+    if (b->dirty) memset(b->dirty, 0, words * sizeof(uint64_t));
+    b->navail = b->nblocks - b->first;
+    b->hint = b->first >> 6;
+}
+
+static void l25_desc_put(struct l25_bundle *b) {
+    hak_lock(&l25_desc_lock);
+    b->base = NULL;
+    b->next = l25_desc_free;
+    l25_desc_free = b;
+    hak_unlock(&l25_desc_lock);
+}
+
+/* A new, empty bundle of cls for shard `shard`; NULL when the OS or the
+ * descriptor table refuses. Called without locks. */
+static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
+    const uint32_t size = small_class_size[cls];
+    const size_t span = l25_span(size);
+    struct l25_bundle *b;
+    hak_lock(&l25_desc_lock);
+    if ((b = l25_desc_free) != NULL)
+        l25_desc_free = b->next;
+    else if (l25_desc_top < L25_MAX_BUNDLES)
+        b = &l25_bundles[l25_desc_top++];
+    hak_unlock(&l25_desc_lock);
+    if (b == NULL) return NULL;
+
+    uint8_t *base = os_map_aligned(span, span);
+    if (base == NULL) {
+        l25_desc_put(b);
+        return NULL;
+    }
+    memset(b, 0, sizeof *b);
+    b->base = base;
+    b->span = span;
+    b->cls = cls;
+    b->size = size;
+    b->nblocks = (uint32_t)(span / size);
+    b->shard = shard;
+    if (b->nblocks <= 64) {
+        b->live = &b->live1;
+        b->avail = &b->avail1;
+        b->dirty = &b->dirty1;
+    } else {
+        /* Bitmaps in the first blocks, which are then never handed out. */
+        size_t bytes = 2 * l25_words(b->nblocks) * sizeof(uint64_t);
+        b->live = (_Atomic uint64_t *)base;
+        b->avail = (uint64_t *)base + l25_words(b->nblocks);
+        b->first = (uint32_t)((bytes + size - 1) / size);
+    }
+    /* Published in the region map only once the descriptor is complete. */
+    uint32_t idx = (uint32_t)(b - l25_bundles);
+    if (!rmap_set_region(base, RMAP_L25, idx) ||
+        (span > HAK_REGION_SIZE && !rmap_set_region(base + HAK_REGION_SIZE, RMAP_L25, idx))) {
+        rmap_clear_span(base, span);
+        os_unmap(base, span);
+        l25_desc_put(b);
+        return NULL;
+    }
+    l25_bundle_reset(b);
+    hak_lock(&l25_desc_lock);
+    l25_mapped++;
+    l25_bytes += span;
+    hak_unlock(&l25_desc_lock);
+    return b;
+}
+
+static void l25_bundle_unmap(struct l25_bundle *b) {
+    size_t span = b->span;
+    rmap_clear_span(b->base, span);
+    os_unmap(b->base, span);
+    hak_lock(&l25_desc_lock);
+    l25_unmapped++;
+    l25_bytes -= span;
+    hak_unlock(&l25_desc_lock);
+    l25_desc_put(b);
+}
+
+static void l25_count_decommit(void) {
+    hak_lock(&l25_desc_lock);
+    l25_decommits++;
+    hak_unlock(&l25_desc_lock);
+}
+
+/* ---- shard lists (shard lock held) ------------------------------------------ */
+
+static void l25_list_push(struct l25_bundle **head, struct l25_bundle *b) {
+    b->prev = NULL;
+    b->next = *head;
+    if (*head) (*head)->prev = b;
+    *head = b;
+}
+
+static void l25_list_remove(struct l25_bundle **head, struct l25_bundle *b) {
+    if (b->prev)
+        b->prev->next = b->next;
+    else
+        *head = b->next;
+    if (b->next) b->next->prev = b->prev;
+}
+
+/* b has no block out any more: off the partial list, onto the empty one.
+ * Returns the bundle the caller must decommit (or unmap, *unmap set) once
+ * the lock is dropped, or NULL. */
+static struct l25_bundle *l25_became_empty(struct l25_shard *s, struct l25_bundle *b, bool *unmap) {
+    if (b->listed) l25_list_remove(&s->partial, b);
+    b->listed = false;
+    if (!s->spare) { /* the shard's one committed spare */
+        l25_list_push(&s->empty, b);
+        s->spare = true;
+        s->nempty++;
+        return NULL;
+    }
+    *unmap = s->nempty >= L25_EMPTY_MAX;
+    return b; /* the caller decommits it and puts it back with l25_park */
+}
+
+/* Put b, decommitted, on the empty list behind the committed spare. */
+static void l25_park(struct l25_shard *s, struct l25_bundle *b) {
+    hak_lock(&s->lock);
+    if (s->spare && s->empty) { /* keep the committed spare at the head */
+        b->prev = s->empty;
+        b->next = s->empty->next;
+        if (b->next) b->next->prev = b;
+        s->empty->next = b;
+    } else {
+        l25_list_push(&s->empty, b);
+    }
+    s->nempty++;
+    hak_unlock(&s->lock);
+}
+
+/* Give b (empty, on no list) back: decommitted and parked, or unmapped. */
+static void l25_release(struct l25_shard *s, struct l25_bundle *b, bool unmap) {
+    if (unmap) {
+        l25_bundle_unmap(b);
+        return;
+    }
+    os_decommit(b->base, b->span);
+    if (b->first) l25_bundle_reset(b); /* its bitmaps went with the pages */
+    if (b->dirty) memset(b->dirty, 0, l25_words(b->nblocks) * sizeof(uint64_t));
+    l25_count_decommit();
+    l25_park(s, b);
+}
+
+/* ---- taking blocks out --------------------------------------------------------- */
+
+/* Up to `want` free blocks of b into out[]; how many. Shard lock held. */
+static uint32_t l25_take_from(struct l25_shard *s, struct l25_bundle *b, void **out,
+                              uint32_t want) {
+    uint32_t got = 0, words = l25_words(b->nblocks);
+    for (uint32_t w = b->hint; w < words && got < want; w++) {
+        uint64_t bits = b->avail[w];
+        while (bits && got < want) {
+            uint32_t i = (uint32_t)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            out[got++] = b->base + (size_t)(w * 64 + i) * b->size;
+        }
+        /* Taken: the bits below what is left in the word (all, when the loop
+         * ended on want with bits left, are the ones just taken). */
+        uint64_t taken = b->avail[w] & ~bits;
+        b->avail[w] = bits;
+        if (b->dirty) b->dirty[w] |= taken;
+        if (bits == 0) b->hint = w + 1;
+    }
+    b->navail -= got;
+    s->carved_bytes += (uint64_t)got * b->size;
+    if (b->navail == 0 && b->listed) {
+        l25_list_remove(&s->partial, b);
+        b->listed = false;
+    }
+    return got;
+}
+
+/* Up to `want` blocks of cls from shard `sh` into out[]; how many (0: out of
+ * memory). */
+static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
+    struct l25_shard *s = &l25_shards[cls][sh];
+    hak_lock(&s->lock);
+    s->refills++;
+    struct l25_bundle *b = s->partial;
+    if (b == NULL && (b = s->empty) != NULL) {
+        l25_list_remove(&s->empty, b);
+        s->nempty--;
+        s->spare = false; /* the spare, if any, was the head */
+        l25_list_push(&s->partial, b);
+        b->listed = true;
+    }
+    if (b == NULL) {
+        hak_unlock(&s->lock);
+        if ((b = l25_bundle_new(cls, sh)) == NULL) return 0;
+        hak_lock(&s->lock);
+        l25_list_push(&s->partial, b);
+        b->listed = true;
+    }
+    uint32_t got = l25_take_from(s, b, out, want);
+    hak_unlock(&s->lock);
+    return got;
+}
+
+/* The largest batch a refill brings: a thread cache's half. */
+#define L25_BATCH_MAX 64
+
+void *l25_alloc_uncached(uint32_t cls) {
+    void *p;
+    if (l25_take(cls, l25_thread_shard(), &p, 1) == 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    l25_set_live(p);
+    return p;
+}
+
+void *l25_alloc_slow(uint32_t cls) {
+    if (!hak_tc.open && !tc_thread_start()) return l25_alloc_uncached(cls);
+    void *blocks[L25_BATCH_MAX];
+    uint32_t want = tc_batch(cls);
+    uint32_t got = l25_take(cls, l25_thread_shard(), blocks, want ? want : 1);
+    if (got == 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* The first goes to the program; the rest become the (empty) cache. */
+    if (got > 1) {
+        for (uint32_t i = 1; i + 1 < got; i++)
+            *(void **)blocks[i] = blocks[i + 1];
+        *(void **)blocks[got - 1] = NULL;
+        tc_fill(cls, blocks[1], got - 1);
+    }
+    l25_set_live(blocks[0]);
+    return blocks[0];
+}
+
+/* ---- giving blocks back ------------------------------------------------------- */
+
+/* p (a block of b, neither live nor cached) back into b. */
+static void l25_put(struct l25_bundle *b, void *p) {
+    struct l25_shard *s = &l25_shards[b->cls][b->shard];
+    size_t i = small_class_div(b->cls, (size_t)((uint8_t *)p - b->base));
+    struct l25_bundle *release = NULL;
+    bool unmap = false;
+    hak_lock(&s->lock);
+    s->flushes++;
+    s->carved_bytes -= b->size;
+    b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
+    if (b->hint > i >> 6) b->hint = (uint32_t)(i >> 6);
+    if (++b->navail == b->nblocks - b->first) {
+        release = l25_became_empty(s, b, &unmap);
+    } else if (!b->listed) {
+        l25_list_push(&s->partial, b);
+        b->listed = true;
+    }
+    hak_unlock(&s->lock);
+    if (release) l25_release(s, release, unmap); /* syscalls outside the lock */
+}
+
+/* Move the first n blocks of this thread's cache of cls to their bundles. */
+static void l25_give_back(uint32_t cls, uint32_t n) {
+    void *last;
+    void *p = tc_take(cls, n, &last);
+    for (uint32_t k = 0; k < n; k++) {
+        void *next = *(void **)p;
+        l25_put(l25_bundle_of(rmap_get(p)), p);
+        p = next;
+    }
+}
+
+void l25_free_slow(void *p, struct l25_bundle *b, uint32_t cls) {
+    if (cls < SMALL_FIRST) {
+        l25_put(b, p);
+        return;
+    }
+    tc_refund(cls);
+    if (!hak_tc.open && !tc_thread_start()) {
+        l25_put(b, p);
+        return;
+    }
+    if (!tc_push(cls, p)) { /* full: give half back */
+        tc_refund(cls);
+        uint32_t half = tc_batch(cls);
+        l25_give_back(cls, half ? half : 1);
+        tc_push(cls, p);
+    }
+}
+
+void l25_thread_flush(void) {
+    for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++)
+        if (tc_count(cls)) l25_give_back(cls, tc_count(cls));
+}
+
+/* ---- trim ------------------------------------------------------------------------ */
+
+/* Decommit the free blocks of b that may hold pages. Shard lock held. */
+static bool l25_decommit_free(struct l25_bundle *b) {
+    if (b->dirty == NULL) return false;
+    bool any = false;
+    for (uint32_t w = 0; w < l25_words(b->nblocks); w++) {
+        uint64_t bits = b->avail[w] & b->dirty[w];
+        b->dirty[w] &= ~bits;
+        while (bits) {
+            /* A run of consecutive free blocks is one call. */
+            uint32_t i = (uint32_t)__builtin_ctzll(bits);
+            uint32_t n = (uint32_t)__builtin_ctzll(~(bits >> i));
+            if (i + n == 64)
+                bits = 0;
+            else
+                bits &= ~(((((uint64_t)1 << n) - 1)) << i);
+            os_decommit(b->base + (size_t)(w * 64 + i) * b->size, (size_t)n * b->size);
+            any = true;
+        }
+    }
+    return any;
+}
+
+bool l25_trim(void) {
+    bool released = false;
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
+        for (uint32_t sh = 0; sh < L25_SHARDS; sh++) {
+            struct l25_shard *s = &l25_shards[cls][sh];
+            hak_lock(&s->lock);
+            struct l25_bundle *empty = s->empty;
+            s->empty = NULL;
+            s->nempty = 0;
+            s->spare = false;
+            for (struct l25_bundle *b = s->partial; b; b = b->next)
+                released |= l25_decommit_free(b);
+            hak_unlock(&s->lock);
+            while (empty) {
+                struct l25_bundle *next = empty->next;
+                l25_bundle_unmap(empty);
+                empty = next;
+                released = true;
+            }
+        }
+    }
+    return released;
+}
+
+/* ---- fork and stats -------------------------------------------------------------- */
+
+void l25_fork_prepare(void) {
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        for (uint32_t sh = 0; sh < L25_SHARDS; sh++)
+            pthread_mutex_lock(&l25_shards[cls][sh].lock);
+    pthread_mutex_lock(&l25_desc_lock);
+}
+
+void l25_fork_parent(void) {
+    pthread_mutex_unlock(&l25_desc_lock);
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        for (uint32_t sh = 0; sh < L25_SHARDS; sh++)
+            pthread_mutex_unlock(&l25_shards[cls][sh].lock);
+}
+
+void l25_fork_child(void) {
+    /* The child has one thread; the locks it inherited are held by it. */
+    pthread_mutex_init(&l25_desc_lock, NULL);
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        for (uint32_t sh = 0; sh < L25_SHARDS; sh++)
+            pthread_mutex_init(&l25_shards[cls][sh].lock, NULL);
+}
+
+void l25_get_stats(struct l25_stats *st) {
+    *st = (struct l25_stats){0};
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
+        for (uint32_t sh = 0; sh < L25_SHARDS; sh++) {
+            struct l25_shard *s = &l25_shards[cls][sh];
+            hak_lock(&s->lock);
+            st->refills += s->refills;
+            st->flushes += s->flushes;
+            st->carved_bytes += s->carved_bytes;
+            hak_unlock(&s->lock);
+        }
+    }
+    hak_lock(&l25_desc_lock);
+    st->bundles_mapped = l25_mapped;
+    st->bundles_unmapped = l25_unmapped;
+    st->bytes_mapped = l25_bytes;
+    st->decommits = l25_decommits;
+    hak_unlock(&l25_desc_lock);
+}

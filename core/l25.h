@@ -1,0 +1,134 @@
+/* L2.5 tier, 52 KiB .. 1 MiB (classes SMALL_FIRST ..): size-classed blocks
+ * carved from bundles, with the thread cache (core/tcache.h) in front.
+ *
+ * A bundle is a 2 MiB mapping (4 MiB for classes above 512 KiB, so it holds
+ * at least 4 blocks) of one class, its blocks at multiples of the size from
+ * its start; its descriptor lives outside it, in a table indexed by the
+ * region map's payload. The descriptor keeps two bitmaps: `live` (blocks the
+ * program holds; flipped atomically by malloc and free, so every double free
+ * is caught exactly) and `avail` (blocks back in the bundle, under the shard
+ * lock). No free block is ever linked through, so free blocks and empty
+ * bundles can be given back to the OS without a trace.
+ *
+ * Each class has L25_SHARDS shards (a lock, the bundles with free blocks, the
+ * empty bundles); a thread draws its blocks from one shard, so threads rarely
+ * meet on a lock. An empty bundle stays as its shard's one committed spare;
+ * further ones are decommitted, and unmapped past L25_EMPTY_MAX; malloc_trim
+ * unmaps them all and decommits the free blocks of partly used bundles.
+ *
+ * The tier also serves, one block at a time and uncached, blocks of the other
+ * tiers' classes that those cannot: Tiny classes past a full SuperSlab range,
+ * and requests of threads that may not cache (see tc_thread_start). Such
+ * bundles have too many blocks for inline bitmaps and keep theirs in their
+ * first blocks. */
+#ifndef HAK_L25_H
+#define HAK_L25_H
+
+#include "box/diag.h"
+#include "box/rmap.h"
+#include "tcache.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#define L25_SHARDS      4
+#define L25_EMPTY_MAX   4      /* empty bundles a shard keeps (one committed) */
+#define L25_MAX_BUNDLES 65536u /* descriptors: 128 GiB of bundles at least */
+
+struct l25_bundle {
+    uint8_t *base;           /* NULL: descriptor unused */
+    size_t span;             /* bytes mapped */
+    uint32_t cls, size;      /* block size, a copy of small_class_size[cls] */
+    uint32_t first, nblocks; /* blocks first .. nblocks-1 are usable */
+    _Atomic uint64_t *live;  /* a bit per block: the program holds it */
+    uint64_t *avail;         /* a bit per block: back in the bundle (shard lock) */
+    uint64_t *dirty;         /* avail blocks that may hold pages; NULL: not tracked */
+    /* Under the shard lock: */
+    uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
+    uint32_t shard;
+    bool listed;                    /* on the shard's partial list */
+    struct l25_bundle *next, *prev; /* partial or empty list; free descriptors */
+    /* The bitmaps of a bundle of at most 64 blocks. */
+    _Atomic uint64_t live1;
+    uint64_t avail1, dirty1;
+};
+
+extern HAK_HIDDEN struct l25_bundle l25_bundles[L25_MAX_BUNDLES];
+
+/* The bundle of p, whose region entry (kind RMAP_L25) is e. */
+HAK_INLINE struct l25_bundle *l25_bundle_of(uint32_t e) {
+    return &l25_bundles[rmap_payload(e)];
+}
+
+/* p's block index in b, or -1 when p is not the start of a usable block. */
+HAK_INLINE int64_t l25_index(const struct l25_bundle *b, const void *p) {
+    size_t off = (size_t)((const uint8_t *)p - b->base);
+    /* Exact below 2^42 / size: 4 MiB for the 1 MiB class (see l25.c). */
+    size_t i = small_class_div(b->cls, off);
+    if (hak_unlikely(i * b->size != off || i < b->first || i >= b->nblocks)) return -1;
+    return (int64_t)i;
+}
+
+void *l25_alloc_slow(uint32_t cls);
+/* p, a valid block of b no longer live, could not go into the thread cache
+ * (other tier's class, uncached thread, or cache full: room overdrawn). */
+void l25_free_slow(void *p, struct l25_bundle *b, uint32_t cls);
+/* One block of any class straight from its bundles, bypassing caches; NULL
+ * (errno ENOMEM) when out of memory. */
+void *l25_alloc_uncached(uint32_t cls);
+/* Mark p, a block out of a thread cache, held by the program. */
+HAK_INLINE void l25_set_live(void *p) {
+    struct l25_bundle *b = l25_bundle_of(rmap_get(p));
+    size_t i = small_class_div(b->cls, (size_t)((uint8_t *)p - b->base));
+    atomic_fetch_or_explicit(&b->live[i >> 6], (uint64_t)1 << (i & 63), memory_order_relaxed);
+}
+
+/* A block of class cls (>= SMALL_FIRST); NULL (errno ENOMEM) when out of
+ * memory. */
+HAK_INLINE void *l25_alloc(uint32_t cls) {
+    void *p = tc_pop(cls);
+    if (hak_unlikely(p == NULL)) return l25_alloc_slow(cls);
+    l25_set_live(p);
+    return p;
+}
+
+/* Free p, whose region entry e says RMAP_L25; `fn` names the API call. */
+HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
+    struct l25_bundle *b = l25_bundle_of(e);
+    int64_t i = l25_index(b, p);
+    if (hak_unlikely(i < 0)) return diag_reject(fn, "invalid pointer", p);
+    uint64_t bit = (uint64_t)1 << (i & 63);
+    uint64_t was = atomic_fetch_and_explicit(&b->live[i >> 6], ~bit, memory_order_relaxed);
+    if (hak_unlikely(!(was & bit))) return diag_reject(fn, "double free", p);
+    uint32_t cls = b->cls;
+    /* Other tiers' classes never enter the cache: those tiers cache their own. */
+    if (hak_unlikely(cls < SMALL_FIRST || !tc_push(cls, p))) l25_free_slow(p, b, cls);
+}
+
+/* The class of p (RMAP_L25 entry e); aborts naming p unless p is live. */
+static inline uint32_t l25_class_of(const void *p, uint32_t e, const char *fn) {
+    struct l25_bundle *b = l25_bundle_of(e);
+    int64_t i = l25_index(b, p);
+    if (i < 0 || !(atomic_load_explicit(&b->live[i >> 6], memory_order_relaxed) >> (i & 63) & 1))
+        diag_bad_pointer(fn, "invalid pointer", p);
+    return b->cls;
+}
+
+/* Return every block this thread caches to its bundle. */
+void l25_thread_flush(void);
+/* malloc_trim: unmap empty bundles, decommit the free blocks of the others;
+ * true when memory went back to the OS. */
+bool l25_trim(void);
+
+void l25_fork_prepare(void);
+void l25_fork_parent(void);
+void l25_fork_child(void);
+
+struct l25_stats {
+    uint64_t bundles_mapped, bundles_unmapped, bytes_mapped; /* bytes_mapped: now */
+    uint64_t carved_bytes; /* bytes of blocks out of their bundles now */
+    uint64_t refills, flushes, decommits;
+};
+void l25_get_stats(struct l25_stats *s);
+
+#endif

@@ -1,0 +1,346 @@
+/* L2.5 tier: bundle geometry and the block index, the thread cache in front
+ * (capped, spilled, returned at exit and on trim), shards, exact double-free
+ * detection, decommit of empty bundles and of free blocks, and the uncached
+ * blocks it serves for the other tiers' classes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "death.h"
+#include "l25.h"
+#include "maps.h"
+#include "pool.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct l25_stats stats(void) {
+    struct l25_stats s;
+    l25_get_stats(&s);
+    return s;
+}
+
+static struct l25_bundle *bundle_of(const void *p) {
+    uint32_t e = rmap_get(p);
+    assert_int_equal(rmap_kind_of(e), RMAP_L25);
+    return l25_bundle_of(e);
+}
+
+static void run_in_thread(void *(*fn)(void *), void *arg) {
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fn, arg), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+}
+
+static void test_bundle_geometry(void **state) {
+    (void)state;
+    for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++) {
+        size_t size = small_class_size[cls];
+        uint8_t *p = malloc(size);
+        struct l25_bundle *b = bundle_of(p);
+        assert_int_equal(b->cls, cls);
+        /* At least 4 blocks a bundle; bundles aligned to their span. */
+        assert_true(b->nblocks >= 4);
+        assert_int_equal(b->span, size > 512 * 1024 ? 4u << 20 : 2u << 20);
+        assert_int_equal((uintptr_t)b->base % b->span, 0);
+        assert_int_equal(b->first, 0);
+        /* Every block start is one, nothing else is: the division without a
+         * divide is exact over the whole span. */
+        for (size_t off = 0; off < b->span; off += 16) {
+            int64_t i = l25_index(b, b->base + off);
+            if (off % size == 0 && off / size < b->nblocks)
+                assert_int_equal(i, (int64_t)(off / size));
+            else
+                assert_int_equal(i, -1);
+        }
+        assert_int_equal(malloc_usable_size(p), size);
+        free(p);
+    }
+}
+
+static void test_cache_capped_and_spills(void **state) {
+    (void)state;
+    enum { N = 64 };
+    void *blocks[N];
+    uint32_t cls = small_class_of(100000);
+    for (int i = 0; i < N; i++)
+        blocks[i] = malloc(100000);
+    uint64_t before = stats().flushes;
+    for (int i = 0; i < N; i++)
+        free(blocks[i]);
+    assert_true(tc_count(cls) <= small_class_cap[cls]);
+    assert_true(stats().flushes >= before + N - small_class_cap[cls]);
+}
+
+static void *alloc_free_and_exit(void *arg) {
+    size_t n = (size_t)(uintptr_t)arg;
+    void *b[50];
+    for (int i = 0; i < 50; i++)
+        b[i] = malloc(n);
+    for (int i = 0; i < 50; i++)
+        free(b[i]);
+    assert_true(tc_count(small_class_of(n)) > 0);
+    return NULL;
+}
+
+static void test_thread_exit_returns_cache(void **state) {
+    (void)state;
+    l25_thread_flush(); /* this thread's cache out of the count */
+    uint64_t out = stats().carved_bytes;
+    run_in_thread(alloc_free_and_exit, (void *)(uintptr_t)70000);
+    /* Every block the thread took is back in its bundle. */
+    assert_int_equal(stats().carved_bytes, out);
+}
+
+static void *free_only(void *arg) {
+    void **b = arg;
+    for (int i = 0; i < 50; i++)
+        free(b[i]);
+    return NULL;
+}
+
+static void test_free_only_thread_returns_cache_at_exit(void **state) {
+    (void)state;
+    /* A consumer thread that never calls malloc must still give back what
+     * it cached when it exits. */
+    l25_thread_flush();
+    uint64_t out = stats().carved_bytes;
+    void *b[50];
+    for (int i = 0; i < 50; i++)
+        b[i] = malloc(70000);
+    run_in_thread(free_only, b);
+    assert_int_equal(stats().carved_bytes, out);
+}
+
+static void *free_all(void *arg) {
+    void **b = arg;
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(((uint8_t *)b[i])[59999], (uint8_t)i);
+        free(b[i]);
+    }
+    return NULL;
+}
+
+static void test_cross_thread_free_and_reuse(void **state) {
+    (void)state;
+    void *b[100];
+    for (int i = 0; i < 100; i++) {
+        b[i] = malloc(60000);
+        memset(b[i], i, 60000);
+    }
+    uint64_t mapped = stats().bundles_mapped;
+    run_in_thread(free_all, b);
+    /* Freed elsewhere, those blocks are back in their bundles: allocating
+     * as many again takes no new bundle. */
+    void *c[100];
+    for (int i = 0; i < 100; i++)
+        c[i] = malloc(60000);
+    assert_int_equal(stats().bundles_mapped, mapped);
+    for (int i = 0; i < 100; i++)
+        free(c[i]);
+}
+
+static void test_trim_empties_this_threads_cache(void **state) {
+    (void)state;
+    void *p = malloc(100000), *q = malloc(100);
+    free(p);
+    free(q);
+    assert_true(tc_count(small_class_of(100000)) > 0);
+    assert_true(tc_count(small_class_of(100)) > 0);
+    malloc_trim(0);
+    for (int c = 0; c < SMALL_NCLASSES; c++)
+        assert_int_equal(tc_count(c), 0);
+}
+
+static void test_double_free_cached(void **state) {
+    (void)state;
+    /* The first free puts the block in the cache; the second must still be
+     * caught (the live bit, not the cache head). */
+    void *p = malloc(200000), *q = malloc(200000);
+    expect_free_abort(do_double_free, p, "double free");
+    free(q);
+    free(p);
+}
+
+static void free_two_then_first(void *arg) {
+    void **b = arg;
+    free(b[0]);
+    free(b[1]); /* b[0] is no longer the cache head */
+    free(b[0]);
+}
+
+static void test_double_free_not_at_head(void **state) {
+    (void)state;
+    void *b[2] = {malloc(300000), malloc(300000)};
+    char line[160];
+    snprintf(line, sizeof line, "hakmem: free(): double free %p", b[0]);
+    expect_death(free_two_then_first, b, line);
+    free(b[0]);
+    free(b[1]);
+}
+
+static void test_interior_and_tail_rejected(void **state) {
+    (void)state;
+    uint8_t *p = malloc(600000); /* 640 KiB class: 6 blocks in 4 MiB */
+    struct l25_bundle *b = bundle_of(p);
+    assert_int_equal(b->nblocks, 6);
+    expect_free_abort(do_free, p + 4096, "invalid pointer");
+    /* Where a 7th block would start: the unused tail of the bundle. */
+    expect_free_abort(do_free, b->base + 6 * (size_t)655360, "invalid pointer");
+    free(p);
+}
+
+static size_t resident_blocks(uint8_t **b, int n, size_t size) {
+    size_t r = 0;
+    for (int i = 0; i < n; i++)
+        r += maps_resident(b[i]) && maps_resident(b[i] + size - 1);
+    return r;
+}
+
+static void *bundle_cycle(void *arg) {
+    (void)arg;
+    /* 256 KiB blocks, 8 a bundle: three bundles' worth. */
+    enum { N = 24 };
+    uint8_t *b[N];
+    struct l25_stats s0 = stats();
+    for (int i = 0; i < N; i++) {
+        b[i] = malloc(256 << 10);
+        memset(b[i], 0xab, 256 << 10);
+    }
+    assert_true(stats().bundles_mapped >= s0.bundles_mapped + 3);
+    for (int i = 0; i < N; i++)
+        free(b[i]);
+    l25_thread_flush(); /* what the cache held, too */
+    /* One empty bundle stays committed as the shard's spare, the others are
+     * decommitted: at most one bundle's blocks still resident. */
+    assert_true(stats().decommits >= s0.decommits + 2);
+    assert_true(resident_blocks(b, N, 256 << 10) <= 8);
+    /* Decommitted bundles are reused before new ones are mapped. */
+    uint64_t mapped = stats().bundles_mapped;
+    for (int i = 0; i < N; i++)
+        b[i] = malloc(256 << 10);
+    assert_int_equal(stats().bundles_mapped, mapped);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(b[i][0], 0); /* fresh pages, or... */
+        free(b[i]);
+    }
+    return NULL;
+}
+
+static void test_empty_bundles_decommitted(void **state) {
+    (void)state;
+    run_in_thread(bundle_cycle, NULL);
+}
+
+static void *partial_trim(void *arg) {
+    (void)arg;
+    enum { N = 8 };
+    uint8_t *b[N];
+    for (int i = 0; i < N; i++) {
+        b[i] = malloc(256 << 10);
+        memset(b[i], 0xcd, 256 << 10);
+    }
+    for (int i = 1; i < N; i++)
+        free(b[i]);
+    malloc_trim(0);
+    /* The bundle keeps b[0] live; the others' pages are gone. */
+    assert_true(maps_resident(b[0]) && maps_resident(b[0] + (256 << 10) - 1));
+    assert_int_equal(resident_blocks(b + 1, N - 1, 256 << 10), 0);
+    assert_int_equal(b[0][12345], 0xcd);
+    free(b[0]);
+    return NULL;
+}
+
+static void test_trim_decommits_free_blocks(void **state) {
+    (void)state;
+    run_in_thread(partial_trim, NULL);
+}
+
+static void test_trim_unmaps_empty_bundles(void **state) {
+    (void)state;
+    void *b[16];
+    for (int i = 0; i < 16; i++)
+        b[i] = malloc(150000);
+    for (int i = 0; i < 16; i++)
+        free(b[i]);
+    malloc_trim(0);
+    struct l25_stats s = stats();
+    /* Nothing is out: every bundle went back. */
+    assert_int_equal(s.carved_bytes, 0);
+    assert_int_equal(s.bytes_mapped, 0);
+    assert_int_equal(s.bundles_mapped, s.bundles_unmapped);
+}
+
+static void *grab(void *arg) {
+    void **out = arg;
+    *out = malloc(90000);
+    return NULL;
+}
+
+static void test_threads_use_different_shards(void **state) {
+    (void)state;
+    void *a, *b;
+    pthread_t t1, t2;
+    /* Two threads started in turn draw from different shards, hence from
+     * different bundles. */
+    pthread_create(&t1, NULL, grab, &a);
+    pthread_create(&t2, NULL, grab, &b);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    assert_int_not_equal(bundle_of(a)->shard, bundle_of(b)->shard);
+    assert_ptr_not_equal(bundle_of(a), bundle_of(b));
+    free(a);
+    free(b);
+}
+
+static void test_uncached_blocks_of_other_classes(void **state) {
+    (void)state;
+    /* Tiny and Pool classes served here (a thread that may not cache, or
+     * past a full SuperSlab range) keep their bitmaps in their first blocks. */
+    uint32_t classes[] = {0, 5, 19, 27, POOL_FIRST, POOL_END - 1};
+    for (size_t k = 0; k < sizeof classes / sizeof classes[0]; k++) {
+        uint32_t cls = classes[k];
+        size_t size = small_class_size[cls];
+        uint8_t *p = l25_alloc_uncached(cls);
+        assert_non_null(p);
+        struct l25_bundle *b = bundle_of(p);
+        /* Bitmaps in the first blocks when they do not fit inline. */
+        assert_int_equal(b->first > 0, b->nblocks > 64);
+        assert_true(p >= b->base + (size_t)b->first * size);
+        assert_int_equal(malloc_usable_size(p), size);
+        memset(p, 0x5a, size);
+        uint8_t *q = l25_alloc_uncached(cls);
+        assert_ptr_not_equal(p, q);
+        if (b->first) expect_free_abort(do_free, b->base, "invalid pointer"); /* the bitmaps */
+        free(p);
+        expect_free_abort(do_free, p, "double free");
+        /* Not cached: the block is back in its bundle, the next to go out. */
+        assert_ptr_equal(l25_alloc_uncached(cls), p);
+        free(p);
+        free(q);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bundle_geometry),
+        cmocka_unit_test(test_cache_capped_and_spills),
+        cmocka_unit_test(test_thread_exit_returns_cache),
+        cmocka_unit_test(test_free_only_thread_returns_cache_at_exit),
+        cmocka_unit_test(test_cross_thread_free_and_reuse),
+        cmocka_unit_test(test_trim_empties_this_threads_cache),
+        cmocka_unit_test(test_double_free_cached),
+        cmocka_unit_test(test_double_free_not_at_head),
+        cmocka_unit_test(test_interior_and_tail_rejected),
+        cmocka_unit_test(test_empty_bundles_decommitted),
+        cmocka_unit_test(test_trim_decommits_free_blocks),
+        cmocka_unit_test(test_trim_unmaps_empty_bundles),
+        cmocka_unit_test(test_threads_use_different_shards),
+        cmocka_unit_test(test_uncached_blocks_of_other_classes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
