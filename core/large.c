@@ -15,11 +15,11 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #define LARGE_LIVE     0x68616b4c4956450aull /* "hakLIVE" */
 #define LARGE_FREE     0x68616b465245450aull /* "hakFREE" */
 #define LARGE_HDR_SIZE ((size_t)64)
-#define LARGE_CACHE_N  16
 
 struct large_hdr {
     uint64_t magic;
@@ -28,12 +28,31 @@ struct large_hdr {
     size_t offset;   /* user - header */
 };
 
-/* BigCache: freed mappings, oldest first. */
+/* BigCache: freed mappings by size class, four classes per power of two
+ * from 1 MiB to 1 GiB (bigger ones are not kept), a few per class, all of
+ * them together within hak_cfg.bigcache_bytes. An entry unused for
+ * hak_cfg.bigcache_age_ms is decommitted (its pages go, the mapping stays
+ * for reuse), and after twice that it is unmapped: the ages are looked at
+ * on the tier's own calls and on malloc_trim. */
+#define LARGE_CLASS_MIN_LG 20
+#define LARGE_NCLASSES     40 /* 2^20 .. 2^30 */
+#define LARGE_CLASS_N      4  /* entries per class */
+
+struct large_entry {
+    struct large_hdr *h; /* unreadable once decommitted: the size is here */
+    size_t size;
+    uint64_t freed_ms; /* when it was freed */
+    bool decommitted;
+};
+
 struct large_cache {
     pthread_mutex_t lock;
-    uint32_t n;
-    size_t bytes;
-    struct large_hdr *slot[LARGE_CACHE_N];
+    size_t bytes;     /* mapped bytes of all entries */
+    uint32_t n;       /* entries */
+    uint64_t aged_ms; /* last look at the ages */
+    uint64_t decommits, expired;
+    uint8_t count[LARGE_NCLASSES];
+    struct large_entry e[LARGE_NCLASSES][LARGE_CLASS_N]; /* oldest first */
 };
 static struct large_cache large_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -42,6 +61,23 @@ static _Atomic uint64_t large_n_allocs, large_n_frees, large_n_hits, large_n_inp
 
 static inline void large_add(_Atomic uint64_t *c, int64_t d) {
     atomic_fetch_add_explicit(c, (uint64_t)d, memory_order_relaxed);
+}
+
+static uint64_t large_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); /* vDSO: no syscall */
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The class of a mapping of `size` bytes (a page multiple > 0): the smallest
+ * class at least that big, four per power of two; LARGE_NCLASSES when too
+ * big to keep. Sizes up to 1 MiB share class 0. */
+static uint32_t large_class(size_t size) {
+    if (size <= ((size_t)1 << LARGE_CLASS_MIN_LG)) return 0;
+    size_t m = size - 1;
+    unsigned lg = 63u - (unsigned)__builtin_clzl(m);
+    uint32_t c = (lg - LARGE_CLASS_MIN_LG) * 4 + (uint32_t)((m >> (lg - 2)) & 3) + 1;
+    return c < LARGE_NCLASSES ? c : LARGE_NCLASSES;
 }
 
 /* Alignment of the mapping itself: regions at least, more for big requests. */
@@ -61,60 +97,153 @@ static struct large_hdr *large_map(size_t size, size_t map_align) {
         os_unmap(h, size);
         h = NULL;
     }
-    if (h == NULL) errno = ENOMEM;
+    if (h == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* Huge pages where asked for; the kernel may say no, which is fine. */
+    if (hak_cfg.hugepages && size >= HAK_REGION_SIZE) os_hugepages(h, size);
     return h;
 }
 
-static void large_release(struct large_hdr *h) {
-    size_t size = h->map_size;
+static void large_release(struct large_hdr *h, size_t size) {
     rmap_clear_span(h, size);
     os_unmap(h, size);
 }
 
-/* Best-fitting cached mapping for `need` bytes at `map_align`, at most 25%
- * bigger, or NULL. */
-static struct large_hdr *large_cache_take(size_t need, size_t map_align) {
-    struct large_cache *c = &large_cache;
-    struct large_hdr *best = NULL;
-    uint32_t at = 0;
-    hak_lock(&c->lock);
-    for (uint32_t i = 0; i < c->n; i++) {
-        struct large_hdr *h = c->slot[i];
-        if (h->map_size < need || h->map_size - need > need / 4) continue;
-        if (((uintptr_t)h & (map_align - 1)) != 0) continue;
-        if (best == NULL || h->map_size < best->map_size) best = h, at = i;
-    }
-    if (best) {
-        c->bytes -= best->map_size;
-        memmove(&c->slot[at], &c->slot[at + 1], (c->n - at - 1) * sizeof c->slot[0]);
-        c->n--;
-    }
-    hak_unlock(&c->lock);
+/* Remove entry i of class c. Lock held. */
+static struct large_entry large_cache_remove(struct large_cache *lc, uint32_t c, uint32_t i) {
+    struct large_entry e = lc->e[c][i];
+    memmove(&lc->e[c][i], &lc->e[c][i + 1], (lc->count[c] - i - 1) * sizeof e);
+    lc->count[c]--;
+    lc->n--;
+    lc->bytes -= e.size;
+    return e;
+}
+
+/* The least recently freed entry of all. Lock held, lc->n > 0. */
+static uint32_t large_cache_oldest(struct large_cache *lc) {
+    uint32_t best = 0;
+    for (uint32_t c = 0; c < LARGE_NCLASSES; c++)
+        if (lc->count[c] && (!lc->count[best] || lc->e[c][0].freed_ms < lc->e[best][0].freed_ms))
+            best = c;
     return best;
 }
 
-/* Keep h for reuse, evicting the oldest entries to stay in budget. */
+/* Entries past their age: out of the cache into out[] (to decommit or
+ * unmap outside the lock, *unmap[i] saying which); how many. Lock held. */
+static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct large_entry *out,
+                                   uint32_t max) {
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint32_t n = 0;
+    /* A look every quarter age at most: the scan is not free. */
+    if (now - lc->aged_ms < age / 4) return 0;
+    lc->aged_ms = now;
+    for (uint32_t c = 0; c < LARGE_NCLASSES && n < max; c++) {
+        for (uint32_t i = 0; i < lc->count[c] && n < max;) {
+            struct large_entry *e = &lc->e[c][i];
+            uint64_t idle = now - e->freed_ms;
+            if (idle >= 2 * age || (idle >= age && !e->decommitted))
+                out[n++] = large_cache_remove(lc, c, i);
+            else
+                i++;
+        }
+    }
+    return n;
+}
+
+/* Decommit or unmap what large_cache_expire took out; decommitted entries go
+ * back into the cache. */
+static void large_cache_retire(struct large_entry *out, uint32_t n);
+
+/* Best-fitting cached mapping for `need` bytes at `map_align`, at most 25%
+ * bigger, or NULL; *zeroed when its pages were decommitted (they read as
+ * zero). */
+static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool *zeroed) {
+    struct large_cache *lc = &large_cache;
+    struct large_entry old[LARGE_NCLASSES];
+    struct large_hdr *best = NULL;
+    uint32_t c0 = large_class(need), nold;
+    hak_lock(&lc->lock);
+    /* Class c0 holds sizes just below and above need; c0+1 those up to 25%
+     * over it. Newest first: their pages are the likeliest still in cache. */
+    for (uint32_t c = c0; c <= c0 + 1 && c < LARGE_NCLASSES && best == NULL; c++) {
+        for (uint32_t i = lc->count[c]; i-- > 0;) {
+            struct large_entry *e = &lc->e[c][i];
+            if (e->size < need || e->size - need > need / 4) continue;
+            if (((uintptr_t)e->h & (map_align - 1)) != 0) continue;
+            *zeroed = e->decommitted;
+            size_t size = e->size;
+            best = large_cache_remove(lc, c, i).h;
+            best->map_size = size; /* a decommitted header reads as zero */
+            break;
+        }
+    }
+    nold = large_cache_expire(lc, large_now_ms(), old, LARGE_NCLASSES);
+    hak_unlock(&lc->lock);
+    large_cache_retire(old, nold);
+    return best;
+}
+
+/* Keep h for reuse, evicting the oldest entries to stay in bounds. */
 static void large_cache_put(struct large_hdr *h) {
-    struct large_cache *c = &large_cache;
-    struct large_hdr *evict[LARGE_CACHE_N + 1];
-    uint32_t ne = 0;
+    struct large_cache *lc = &large_cache;
+    struct large_entry old[LARGE_NCLASSES + 2];
+    uint32_t c = large_class(h->map_size), nold = 0;
     size_t budget = hak_cfg.bigcache_bytes;
-    if (h->map_size > budget) {
-        large_release(h);
+    if (c >= LARGE_NCLASSES || h->map_size > budget) {
+        large_release(h, h->map_size);
         return;
     }
-    hak_lock(&c->lock);
-    while (c->n == LARGE_CACHE_N || c->bytes + h->map_size > budget) {
-        evict[ne++] = c->slot[0];
-        c->bytes -= c->slot[0]->map_size;
-        memmove(&c->slot[0], &c->slot[1], (c->n - 1) * sizeof c->slot[0]);
-        c->n--;
+    uint64_t now = large_now_ms();
+    hak_lock(&lc->lock);
+    if (lc->count[c] == LARGE_CLASS_N) {
+        old[nold] = large_cache_remove(lc, c, 0);
+        old[nold++].freed_ms = 0; /* unmap */
     }
-    c->slot[c->n++] = h;
-    c->bytes += h->map_size;
-    hak_unlock(&c->lock);
-    for (uint32_t i = 0; i < ne; i++)
-        large_release(evict[i]); /* syscalls outside the lock */
+    while (lc->bytes + h->map_size > budget) {
+        old[nold] = large_cache_remove(lc, large_cache_oldest(lc), 0);
+        old[nold++].freed_ms = 0;
+    }
+    lc->e[c][lc->count[c]++] = (struct large_entry){.h = h, .size = h->map_size, .freed_ms = now};
+    lc->n++;
+    lc->bytes += h->map_size;
+    nold += large_cache_expire(lc, now, old + nold, LARGE_NCLASSES + 2 - nold);
+    hak_unlock(&lc->lock);
+    large_cache_retire(old, nold); /* syscalls outside the lock */
+}
+
+static void large_cache_retire(struct large_entry *out, uint32_t n) {
+    struct large_cache *lc = &large_cache;
+    uint64_t now = large_now_ms();
+    for (uint32_t i = 0; i < n; i++) {
+        struct large_entry e = out[i];
+        if (e.freed_ms == 0 || e.decommitted || now - e.freed_ms >= 2 * hak_cfg.bigcache_age_ms) {
+            large_release(e.h, e.size);
+            continue;
+        }
+        os_decommit(e.h, e.size);
+        /* Back in, as old as it was; dropped if the cache filled meanwhile. */
+        uint32_t c = large_class(e.size);
+        bool kept = false;
+        hak_lock(&lc->lock);
+        if (lc->count[c] < LARGE_CLASS_N && lc->bytes + e.size <= hak_cfg.bigcache_bytes) {
+            uint32_t j = lc->count[c];
+            while (j > 0 && lc->e[c][j - 1].freed_ms > e.freed_ms) {
+                lc->e[c][j] = lc->e[c][j - 1];
+                j--;
+            }
+            e.decommitted = true;
+            lc->e[c][j] = e;
+            lc->count[c]++;
+            lc->n++;
+            lc->bytes += e.size;
+            lc->decommits++;
+            kept = true;
+        }
+        hak_unlock(&lc->lock);
+        if (!kept) large_release(e.h, e.size);
+    }
 }
 
 void *large_alloc(size_t size, size_t align, bool zero) {
@@ -128,8 +257,9 @@ void *large_alloc(size_t size, size_t align, bool zero) {
     size_t need = hak_align_up(off + (size ? size : 1), HAK_PAGE_SIZE);
     size_t map_align = large_map_align(align);
 
-    struct large_hdr *h = large_cache_take(need, map_align);
-    bool dirty = h != NULL;
+    bool zeroed = false;
+    struct large_hdr *h = large_cache_take(need, map_align, &zeroed);
+    bool dirty = h != NULL && !zeroed;
     if (h) {
         large_add(&large_n_hits, 1);
     } else {
@@ -230,16 +360,16 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
 }
 
 bool large_trim(void) {
-    struct large_cache *c = &large_cache;
-    struct large_hdr *all[LARGE_CACHE_N];
-    hak_lock(&c->lock);
-    uint32_t n = c->n;
-    memcpy(all, c->slot, n * sizeof all[0]);
-    c->n = 0;
-    c->bytes = 0;
-    hak_unlock(&c->lock);
+    struct large_cache *lc = &large_cache;
+    struct large_entry all[LARGE_NCLASSES * LARGE_CLASS_N];
+    uint32_t n = 0;
+    hak_lock(&lc->lock);
+    for (uint32_t c = 0; c < LARGE_NCLASSES; c++)
+        while (lc->count[c])
+            all[n++] = large_cache_remove(lc, c, lc->count[c] - 1);
+    hak_unlock(&lc->lock);
     for (uint32_t i = 0; i < n; i++)
-        large_release(all[i]);
+        large_release(all[i].h, all[i].size);
     return n > 0;
 }
 
@@ -264,5 +394,6 @@ void large_get_stats(struct large_stats *s) {
     hak_lock(&large_cache.lock);
     s->cached_blocks = large_cache.n;
     s->cached_bytes = large_cache.bytes;
+    s->cache_decommits = large_cache.decommits;
     hak_unlock(&large_cache.lock);
 }

@@ -1,7 +1,10 @@
 /* Large tier, above HAK_SMALL_MAX: one mapping per block, a 64-byte header at
  * the mapping's start, the block after it (or at the requested alignment).
- * Freed mappings wait in a BigCache bounded in bytes, so a free/malloc cycle
- * of one size makes no syscall; realloc moves pages with mremap, never bytes. */
+ * Freed mappings wait in a BigCache (by size class, bounded in entries per
+ * class and in bytes, decommitted and then unmapped when they stay unused),
+ * so a free/malloc cycle of one size makes no syscall; realloc moves pages
+ * with mremap, never bytes. HAKMEM_HUGEPAGES=1 asks for transparent huge
+ * pages on mappings of 2 MiB and more. */
 #ifndef HAK_LARGE_H
 #define HAK_LARGE_H
 
@@ -30,6 +33,7 @@ void large_fork_child(void);
 struct large_stats {
     uint64_t allocs, frees, cache_hits, remaps_inplace, remaps_moved;
     uint64_t live_blocks, live_bytes, cached_blocks, cached_bytes;
+    uint64_t cache_decommits; /* cached mappings whose pages were given back */
 };
 void large_get_stats(struct large_stats *s);
 

@@ -32,7 +32,11 @@ static int defaults(void **state) {
     unsetenv("HAKMEM_BIGCACHE_MB");
     unsetenv("HAKMEM_POOL_ARENA_MB_INIT");
     unsetenv("HAKMEM_POOL_ARENA_MB_MAX");
+    unsetenv("HAKMEM_BIGCACHE_AGE_MS");
+    unsetenv("HAKMEM_HUGEPAGES");
     hak_cfg.stats = false;
+    hak_cfg.bigcache_age_ms = 1000;
+    hak_cfg.hugepages = false;
     hak_cfg.bigcache_bytes = (size_t)64 << 20;
     hak_cfg.pool_arena_mb_init = 1;
     hak_cfg.pool_arena_mb_max = 8;
@@ -44,9 +48,13 @@ static void test_valid_values_taken(void **state) {
     char err[512];
     setenv("HAKMEM_STATS", "1", 1);
     setenv("HAKMEM_BIGCACHE_MB", "128", 1);
+    setenv("HAKMEM_BIGCACHE_AGE_MS", "250", 1);
+    setenv("HAKMEM_HUGEPAGES", "1", 1);
     load_capturing(err, sizeof err);
     assert_string_equal(err, "");
     assert_true(hak_cfg.stats);
+    assert_int_equal(hak_cfg.bigcache_age_ms, 250);
+    assert_true(hak_cfg.hugepages);
     assert_int_equal(hak_cfg.bigcache_bytes, (size_t)128 << 20);
 }
 
@@ -67,6 +75,14 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     load_capturing(err, sizeof err);
     assert_non_null(strstr(err, "HAKMEM_BIGCACHE_MB"));
     assert_int_equal(hak_cfg.bigcache_bytes, (size_t)64 << 20);
+    unsetenv("HAKMEM_BIGCACHE_MB");
+    setenv("HAKMEM_BIGCACHE_AGE_MS", "0", 1); /* 0 would decommit at once: not allowed */
+    setenv("HAKMEM_HUGEPAGES", "yes", 1);
+    load_capturing(err, sizeof err);
+    assert_non_null(strstr(err, "HAKMEM_BIGCACHE_AGE_MS"));
+    assert_non_null(strstr(err, "HAKMEM_HUGEPAGES"));
+    assert_int_equal(hak_cfg.bigcache_age_ms, 1000);
+    assert_false(hak_cfg.hugepages);
 }
 
 static void test_pool_arena_sizes(void **state) {

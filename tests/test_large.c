@@ -9,11 +9,14 @@
 #include "box/config.h"
 #include "box/os.h"
 #include "large.h"
+#include "maps.h"
 
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define MiB ((size_t)1 << 20)
 
@@ -24,6 +27,8 @@ static uint64_t os_total(void) {
 static int reset(void **state) {
     (void)state;
     hak_cfg.bigcache_bytes = 64 * MiB;
+    hak_cfg.bigcache_age_ms = 60000; /* nothing ages during a test unless it says so */
+    hak_cfg.hugepages = false;
     malloc_trim(0);
     return 0;
 }
@@ -168,6 +173,100 @@ static void test_successful_realloc_leaves_errno(void **state) {
         free(blocker[i]);
 }
 
+static struct large_stats lstats(void) {
+    struct large_stats s;
+    large_get_stats(&s);
+    return s;
+}
+
+static void test_cache_bounds_entries_per_class(void **state) {
+    (void)state;
+    /* Six mappings of one size class: four stay cached, the two oldest go. */
+    void *p[6];
+    for (int i = 0; i < 6; i++)
+        p[i] = malloc(3 * MiB);
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    for (int i = 0; i < 6; i++)
+        free(p[i]);
+    assert_int_equal(os_calls(OS_MUNMAP), unmaps + 2);
+    assert_int_equal(lstats().cached_blocks, 4);
+    /* Another class has its own entries. */
+    void *q = malloc(7 * MiB);
+    free(q);
+    assert_int_equal(lstats().cached_blocks, 5);
+    /* The newest come back first. */
+    assert_ptr_equal(malloc(3 * MiB), p[5]);
+    free(p[5]);
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static void test_unused_entries_decommitted_then_unmapped(void **state) {
+    (void)state;
+    hak_cfg.bigcache_age_ms = 50;
+    uint8_t *p = malloc(3 * MiB);
+    memset(p, 0xee, 3 * MiB);
+    free(p);
+    assert_true(maps_resident(p + MiB));
+    uint64_t dec = lstats().cache_decommits;
+    sleep_ms(80);          /* past the age, not yet twice it */
+    free(malloc(9 * MiB)); /* any Large call looks at the ages */
+    assert_int_equal(lstats().cache_decommits, dec + 1);
+    assert_false(maps_resident(p + MiB));
+    /* Still cached, and its pages read as zero: calloc needs no memset. */
+    uint8_t *q = calloc(1, 3 * MiB);
+    assert_ptr_equal(q, p);
+    for (size_t k = 0; k < 3 * MiB; k += 4096)
+        assert_int_equal(q[k], 0);
+    memset(q, 0x11, 3 * MiB);
+    free(q);
+    sleep_ms(140); /* past twice the age: both entries unmapped */
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    free(malloc(20 * MiB));
+    assert_true(os_calls(OS_MUNMAP) >= unmaps + 2);
+    assert_int_equal(lstats().cached_blocks, 1); /* the 20 MiB one just freed */
+}
+
+/* True when the mapping holding p has VmFlags `flag` in /proc/self/smaps. */
+static bool smaps_flag(const void *p, const char *flag) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    assert_non_null(f);
+    char line[512];
+    bool in = false, found = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            char needle[8];
+            snprintf(needle, sizeof needle, " %s", flag);
+            found = strstr(line, needle) != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void test_hugepages_option(void **state) {
+    (void)state;
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0)
+        skip(); /* no THP in this kernel: the option falls back silently */
+    malloc_trim(0);
+    uint8_t *p = malloc(8 * MiB);
+    assert_false(smaps_flag(p, "hg"));
+    free(p);
+    malloc_trim(0);
+    hak_cfg.hugepages = true;
+    p = malloc(8 * MiB);
+    assert_true(smaps_flag(p, "hg"));
+    memset(p, 1, 8 * MiB);
+    free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -178,6 +277,9 @@ int main(void) {
         cmocka_unit_test_setup(test_trim_releases_cache_and_mallinfo_counts, reset),
         cmocka_unit_test_setup(test_zero_size_big_alignment_owns_its_byte, reset),
         cmocka_unit_test_setup(test_successful_realloc_leaves_errno, reset),
+        cmocka_unit_test_setup(test_cache_bounds_entries_per_class, reset),
+        cmocka_unit_test_setup(test_unused_entries_decommitted_then_unmapped, reset),
+        cmocka_unit_test_setup(test_hugepages_option, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

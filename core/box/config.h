@@ -12,6 +12,8 @@
 struct hak_config {
     bool stats;                  /* HAKMEM_STATS: print a summary at exit */
     size_t bigcache_bytes;       /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
+    uint64_t bigcache_age_ms;    /* HAKMEM_BIGCACHE_AGE_MS: unused this long, decommitted */
+    bool hugepages;              /* HAKMEM_HUGEPAGES: transparent huge pages for Large */
     uint64_t ss_cache;           /* HAKMEM_SS_CACHE: empty SuperSlabs kept, decommitted */
     uint32_t pool_arena_mb_init; /* HAKMEM_POOL_ARENA_MB_INIT: a thread's first Pool chunk */
     uint32_t pool_arena_mb_max;  /* HAKMEM_POOL_ARENA_MB_MAX: Pool chunks grow to this */

@@ -46,6 +46,11 @@ void os_decommit(void *p, size_t size) {
     madvise(p, size, MADV_DONTNEED);
 }
 
+bool os_hugepages(void *p, size_t size) {
+    os_count(OS_MADVISE);
+    return madvise(p, size, MADV_HUGEPAGE) == 0;
+}
+
 static uintptr_t os_hint_start(void) {
     /* AT_RANDOM: 16 random bytes the kernel gives every process. */
     const uint8_t *r = (const uint8_t *)getauxval(AT_RANDOM);

@@ -16,6 +16,9 @@ void *os_map_aligned(size_t size, size_t align);
 void os_unmap(void *p, size_t size);
 /* Give the pages back; they read as zero when touched again. */
 void os_decommit(void *p, size_t size);
+/* Ask for transparent huge pages on [p, p+size); false when the kernel
+ * refuses (THP off or unsupported), which changes nothing else. */
+bool os_hugepages(void *p, size_t size);
 /* Grow or shrink a mapping where it stands; false when the range beyond it
  * is taken (the mapping is then untouched). */
 bool os_resize(void *p, size_t old_size, size_t new_size);

@@ -91,6 +91,7 @@ void stats_print(int fd) {
     stats_line(fd, "large.live_bytes", l.live_bytes);
     stats_line(fd, "large.cached_blocks", l.cached_blocks);
     stats_line(fd, "large.cached_bytes", l.cached_bytes);
+    stats_line(fd, "large.cache_decommits", l.cache_decommits);
     stats_line(fd, "os.mmap", os_calls(OS_MMAP));
     stats_line(fd, "os.munmap", os_calls(OS_MUNMAP));
     stats_line(fd, "os.madvise", os_calls(OS_MADVISE));
