@@ -1,9 +1,4 @@
-/* L2.5 tier: bundles, their shards, and the slow paths of the thread cache.
- *
- * Block index without a division: small_class_div is exact for offsets below
- * 2^42 / size (the error of its magic multiplier stays under one block), so a
- * class's bundle must be no bigger than that: 2 MiB bundles up to 512 KiB
- * blocks (2^42 / 2^19 = 8 MiB), 4 MiB bundles above (2^42 / 1 MiB = 4 MiB). */
+/* L2.5 tier: bundles, their shards, and the slow paths of the thread cache. */
 #include "l25.h"
 
 #include "box/lock.h"
@@ -25,8 +20,10 @@ struct l25_shard {
 
 HAK_HIDDEN struct l25_bundle l25_bundles[L25_MAX_BUNDLES];
 
-static struct l25_shard l25_shards[SMALL_NCLASSES][L25_SHARDS] = {
-    [0 ... SMALL_NCLASSES - 1] = {[0 ... L25_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}},
+/* Shard L25_SHARDS of a class has the uncoloured bundles for aligned requests. */
+#define L25_ALIGNED L25_SHARDS
+static struct l25_shard l25_shards[SMALL_NCLASSES][L25_SHARDS + 1] = {
+    [0 ... SMALL_NCLASSES - 1] = {[0 ... L25_SHARDS] = {.lock = PTHREAD_MUTEX_INITIALIZER}},
 };
 
 /* Descriptors: a high-water mark and a list of the ones given back. */
@@ -46,8 +43,12 @@ static uint32_t l25_thread_shard(void) {
     return l25_my_shard;
 }
 
-static inline size_t l25_span(uint32_t size) {
-    return size > ((size_t)512 << 10) ? 2 * HAK_REGION_SIZE : HAK_REGION_SIZE;
+/* The smallest of 2, 4, 8 MiB holding 4 blocks one stride apart. */
+static inline size_t l25_span(uint32_t stride) {
+    size_t span = HAK_REGION_SIZE;
+    while (span < 4 * (size_t)stride)
+        span *= 2;
+    return span;
 }
 
 static inline uint32_t l25_words(uint32_t nblocks) {
@@ -78,7 +79,9 @@ static void l25_desc_put(struct l25_bundle *b) {
  * descriptor table refuses. Called without locks. */
 static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
     const uint32_t size = small_class_size[cls];
-    const size_t span = l25_span(size);
+    /* Coloured (see l25.h): the tier's own classes, except for aligned requests. */
+    const uint32_t stride = size + (cls >= SMALL_FIRST && shard != L25_ALIGNED ? 64 : 0);
+    const size_t span = l25_span(stride);
     struct l25_bundle *b;
     hak_lock(&l25_desc_lock);
     if ((b = l25_desc_free) != NULL)
@@ -88,7 +91,7 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
     hak_unlock(&l25_desc_lock);
     if (b == NULL) return NULL;
 
-    uint8_t *base = os_map_aligned(span, span);
+    uint8_t *base = os_map_aligned(span, HAK_REGION_SIZE);
     if (base == NULL) {
         l25_desc_put(b);
         return NULL;
@@ -98,7 +101,11 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
     b->span = span;
     b->cls = cls;
     b->size = size;
-    b->nblocks = (uint32_t)(span / size);
+    b->stride = stride;
+    /* floor(2^64 / stride) + 1, or exactly 2^64 / stride for a power of two
+     * (exact then too). */
+    b->magic = UINT64_MAX / stride + 1;
+    b->nblocks = (uint32_t)(span / stride);
     b->shard = shard;
     if (b->nblocks <= 64) {
         b->live = &b->live1;
@@ -113,12 +120,13 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
     }
     /* Published in the region map only once the descriptor is complete. */
     uint32_t idx = (uint32_t)(b - l25_bundles);
-    if (!rmap_set_region(base, RMAP_L25, idx) ||
-        (span > HAK_REGION_SIZE && !rmap_set_region(base + HAK_REGION_SIZE, RMAP_L25, idx))) {
-        rmap_clear_span(base, span);
-        os_unmap(base, span);
-        l25_desc_put(b);
-        return NULL;
+    for (size_t r = 0; r < span; r += HAK_REGION_SIZE) {
+        if (!rmap_set_region(base + r, RMAP_L25, idx)) {
+            rmap_clear_span(base, span);
+            os_unmap(base, span);
+            l25_desc_put(b);
+            return NULL;
+        }
     }
     l25_bundle_reset(b);
     hak_lock(&l25_desc_lock);
@@ -217,7 +225,7 @@ static uint32_t l25_take_from(struct l25_shard *s, struct l25_bundle *b, void **
         while (bits && got < want) {
             uint32_t i = (uint32_t)__builtin_ctzll(bits);
             bits &= bits - 1;
-            out[got++] = b->base + (size_t)(w * 64 + i) * b->size;
+            out[got++] = b->base + (size_t)(w * 64 + i) * b->stride;
         }
         /* Taken: the bits below what is left in the word (all, when the loop
          * ended on want with bits left, are the ones just taken). */
@@ -264,6 +272,16 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
 /* The largest batch a refill brings: a thread cache's half. */
 #define L25_BATCH_MAX 64
 
+void *l25_alloc_aligned(uint32_t cls) {
+    void *p;
+    if (l25_take(cls, L25_ALIGNED, &p, 1) == 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    l25_set_live(p);
+    return p;
+}
+
 void *l25_alloc_uncached(uint32_t cls) {
     void *p;
     if (l25_take(cls, l25_thread_shard(), &p, 1) == 0) {
@@ -299,7 +317,7 @@ void *l25_alloc_slow(uint32_t cls) {
 /* p (a block of b, neither live nor cached) back into b. */
 static void l25_put(struct l25_bundle *b, void *p) {
     struct l25_shard *s = &l25_shards[b->cls][b->shard];
-    size_t i = small_class_div(b->cls, (size_t)((uint8_t *)p - b->base));
+    size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
     struct l25_bundle *release = NULL;
     bool unmap = false;
     hak_lock(&s->lock);
@@ -368,7 +386,13 @@ static bool l25_decommit_free(struct l25_bundle *b) {
                 bits = 0;
             else
                 bits &= ~(((((uint64_t)1 << n) - 1)) << i);
-            os_decommit(b->base + (size_t)(w * 64 + i) * b->size, (size_t)n * b->size);
+            /* Only pages wholly inside the run: its ends share pages with
+             * the neighbouring blocks. */
+            uintptr_t lo =
+                hak_align_up((uintptr_t)b->base + (size_t)(w * 64 + i) * b->stride, HAK_PAGE_SIZE);
+            uintptr_t hi = ((uintptr_t)b->base + (size_t)(w * 64 + i + n) * b->stride) &
+                           ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+            if (hi > lo) os_decommit((void *)lo, hi - lo);
             any = true;
         }
     }
@@ -378,7 +402,7 @@ static bool l25_decommit_free(struct l25_bundle *b) {
 bool l25_trim(void) {
     bool released = false;
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
-        for (uint32_t sh = 0; sh < L25_SHARDS; sh++) {
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];
             hak_lock(&s->lock);
             struct l25_bundle *empty = s->empty;
@@ -403,7 +427,7 @@ bool l25_trim(void) {
 
 void l25_fork_prepare(void) {
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        for (uint32_t sh = 0; sh < L25_SHARDS; sh++)
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             pthread_mutex_lock(&l25_shards[cls][sh].lock);
     pthread_mutex_lock(&l25_desc_lock);
 }
@@ -411,7 +435,7 @@ void l25_fork_prepare(void) {
 void l25_fork_parent(void) {
     pthread_mutex_unlock(&l25_desc_lock);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        for (uint32_t sh = 0; sh < L25_SHARDS; sh++)
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             pthread_mutex_unlock(&l25_shards[cls][sh].lock);
 }
 
@@ -419,14 +443,14 @@ void l25_fork_child(void) {
     /* The child has one thread; the locks it inherited are held by it. */
     pthread_mutex_init(&l25_desc_lock, NULL);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        for (uint32_t sh = 0; sh < L25_SHARDS; sh++)
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             pthread_mutex_init(&l25_shards[cls][sh].lock, NULL);
 }
 
 void l25_get_stats(struct l25_stats *st) {
     *st = (struct l25_stats){0};
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
-        for (uint32_t sh = 0; sh < L25_SHARDS; sh++) {
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];
             hak_lock(&s->lock);
             st->refills += s->refills;

@@ -1,14 +1,18 @@
 /* L2.5 tier, 52 KiB .. 1 MiB (classes SMALL_FIRST ..): size-classed blocks
  * carved from bundles, with the thread cache (core/tcache.h) in front.
  *
- * A bundle is a 2 MiB mapping (4 MiB for classes above 512 KiB, so it holds
- * at least 4 blocks) of one class, its blocks at multiples of the size from
+ * A bundle is a mapping of 2 MiB (4 or 8 MiB for the biggest classes, so
+ * it holds at least 4 blocks) of one class, its blocks one stride apart from
  * its start; its descriptor lives outside it, in a table indexed by the
- * region map's payload. The descriptor keeps two bitmaps: `live` (blocks the
- * program holds; flipped atomically by malloc and free, so every double free
- * is caught exactly) and `avail` (blocks back in the bundle, under the shard
- * lock). No free block is ever linked through, so free blocks and empty
- * bundles can be given back to the OS without a trace.
+ * region map's payload. The stride is the size plus one cache line: block i
+ * starts at page offset 64*i mod 4096, so the same offsets of different
+ * blocks do not all fall into the same cache sets (with page-aligned blocks,
+ * touching a page each of a few 256 KiB buffers thrashed a 16-way L2). Blocks
+ * for aligned requests come from bundles of their own (stride = size, blocks
+ * aligned to the largest power of two dividing the size). The descriptor keeps two bitmaps: `live`
+ * (blocks the program holds; flipped atomically by malloc and free, so every double free is caught
+ * exactly) and `avail` (blocks back in the bundle, under the shard lock). No free block is ever
+ * linked through, so free blocks and empty bundles can be given back to the OS without a trace.
  *
  * Each class has L25_SHARDS shards (a lock, the bundles with free blocks, the
  * empty bundles); a thread draws its blocks from one shard, so threads rarely
@@ -31,7 +35,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#define L25_SHARDS      4
+#define L25_SHARDS      4      /* plus one more, of uncoloured bundles, for aligned requests */
 #define L25_EMPTY_MAX   4      /* empty bundles a shard keeps (one committed) */
 #define L25_MAX_BUNDLES 65536u /* descriptors: 128 GiB of bundles at least */
 
@@ -39,6 +43,8 @@ struct l25_bundle {
     uint8_t *base;           /* NULL: descriptor unused */
     size_t span;             /* bytes mapped */
     uint32_t cls, size;      /* block size, a copy of small_class_size[cls] */
+    uint32_t stride;         /* distance between blocks: size, or size + 64 */
+    uint64_t magic;          /* floor(2^64 / stride) + 1: see l25_div */
     uint32_t first, nblocks; /* blocks first .. nblocks-1 are usable */
     _Atomic uint64_t *live;  /* a bit per block: the program holds it */
     uint64_t *avail;         /* a bit per block: back in the bundle (shard lock) */
@@ -60,12 +66,17 @@ HAK_INLINE struct l25_bundle *l25_bundle_of(uint32_t e) {
     return &l25_bundles[rmap_payload(e)];
 }
 
+/* The index of the block at offset `off` of b, rounded down: the high half
+ * of off * magic is floor(off / stride) for every off < 2^64 / stride. */
+HAK_INLINE size_t l25_div(const struct l25_bundle *b, size_t off) {
+    return (size_t)(((unsigned __int128)off * b->magic) >> 64);
+}
+
 /* p's block index in b, or -1 when p is not the start of a usable block. */
 HAK_INLINE int64_t l25_index(const struct l25_bundle *b, const void *p) {
     size_t off = (size_t)((const uint8_t *)p - b->base);
-    /* Exact below 2^42 / size: 4 MiB for the 1 MiB class (see l25.c). */
-    size_t i = small_class_div(b->cls, off);
-    if (hak_unlikely(i * b->size != off || i < b->first || i >= b->nblocks)) return -1;
+    size_t i = l25_div(b, off);
+    if (hak_unlikely(i * b->stride != off || i < b->first || i >= b->nblocks)) return -1;
     return (int64_t)i;
 }
 
@@ -79,9 +90,13 @@ void *l25_alloc_uncached(uint32_t cls);
 /* Mark p, a block out of a thread cache, held by the program. */
 HAK_INLINE void l25_set_live(void *p) {
     struct l25_bundle *b = l25_bundle_of(rmap_get(p));
-    size_t i = small_class_div(b->cls, (size_t)((uint8_t *)p - b->base));
+    size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
     atomic_fetch_or_explicit(&b->live[i >> 6], (uint64_t)1 << (i & 63), memory_order_relaxed);
 }
+
+/* A block of class cls (>= SMALL_FIRST) aligned to the largest power of two
+ * dividing its size; NULL (errno ENOMEM) when out of memory. Uncached. */
+void *l25_alloc_aligned(uint32_t cls);
 
 /* A block of class cls (>= SMALL_FIRST); NULL (errno ENOMEM) when out of
  * memory. */

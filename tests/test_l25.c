@@ -43,22 +43,52 @@ static void test_bundle_geometry(void **state) {
         uint8_t *p = malloc(size);
         struct l25_bundle *b = bundle_of(p);
         assert_int_equal(b->cls, cls);
-        /* At least 4 blocks a bundle; bundles aligned to their span. */
+        /* Blocks a cache line more than their size apart; at least 4 a
+         * bundle, the bundle the smallest of 2, 4, 8 MiB that holds them. */
+        assert_int_equal(b->stride, size + 64);
         assert_true(b->nblocks >= 4);
-        assert_int_equal(b->span, size > 512 * 1024 ? 4u << 20 : 2u << 20);
-        assert_int_equal((uintptr_t)b->base % b->span, 0);
+        assert_true(b->span == 2u << 20 || b->span / 2 < 4 * b->stride);
+        assert_int_equal(b->nblocks, b->span / b->stride);
+        assert_int_equal((uintptr_t)b->base % (2u << 20), 0);
         assert_int_equal(b->first, 0);
         /* Every block start is one, nothing else is: the division without a
          * divide is exact over the whole span. */
         for (size_t off = 0; off < b->span; off += 16) {
             int64_t i = l25_index(b, b->base + off);
-            if (off % size == 0 && off / size < b->nblocks)
-                assert_int_equal(i, (int64_t)(off / size));
+            if (off % b->stride == 0 && off / b->stride < b->nblocks)
+                assert_int_equal(i, (int64_t)(off / b->stride));
             else
                 assert_int_equal(i, -1);
         }
         assert_int_equal(malloc_usable_size(p), size);
         free(p);
+    }
+}
+
+static void test_blocks_coloured_aligned_ones_not(void **state) {
+    (void)state;
+    /* Consecutive blocks start at different offsets in their pages... */
+    uint8_t *b[4];
+    for (int i = 0; i < 4; i++)
+        b[i] = malloc(256 << 10);
+    int offsets = 0;
+    for (int i = 0; i < 4; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++)
+            seen |= ((uintptr_t)b[i] & 4095) == ((uintptr_t)b[j] & 4095);
+        offsets += !seen;
+    }
+    assert_true(offsets >= 3);
+    /* ...but aligned requests get blocks at multiples of their size. */
+    void *a[4];
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(posix_memalign(&a[i], 65536, 200000), 0);
+        assert_int_equal((uintptr_t)a[i] % 65536, 0);
+        assert_int_equal(bundle_of(a[i])->stride, small_class_size[small_class_of(262144)]);
+    }
+    for (int i = 0; i < 4; i++) {
+        free(b[i]);
+        free(a[i]);
     }
 }
 
@@ -189,8 +219,9 @@ static void test_interior_and_tail_rejected(void **state) {
     struct l25_bundle *b = bundle_of(p);
     assert_int_equal(b->nblocks, 6);
     expect_free_abort(do_free, p + 4096, "invalid pointer");
+    expect_free_abort(do_free, p + 655360, "invalid pointer"); /* one size on: in the pad */
     /* Where a 7th block would start: the unused tail of the bundle. */
-    expect_free_abort(do_free, b->base + 6 * (size_t)655360, "invalid pointer");
+    expect_free_abort(do_free, b->base + 6 * (size_t)b->stride, "invalid pointer");
     free(p);
 }
 
@@ -328,6 +359,7 @@ static void test_uncached_blocks_of_other_classes(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
+        cmocka_unit_test(test_blocks_coloured_aligned_ones_not),
         cmocka_unit_test(test_cache_capped_and_spills),
         cmocka_unit_test(test_thread_exit_returns_cache),
         cmocka_unit_test(test_free_only_thread_returns_cache_at_exit),

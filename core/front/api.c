@@ -22,14 +22,16 @@ void free_aligned_sized(void *p, size_t alignment, size_t size);
 static void *front_aligned(size_t align, size_t n) {
     if (align <= HAK_MIN_ALIGN) return front_malloc(n);
     if (n <= HAK_SMALL_MAX && align <= HAK_SMALL_MAX) {
-        /* Blocks sit at multiples of their size from a 2 MiB boundary, so a
-         * class whose size is a multiple of align gives aligned blocks; the
-         * power-of-two class at or above max(n, align) always is one. */
+        /* Tiny blocks and aligned L2.5 blocks sit at multiples of their size
+         * from a 2 MiB boundary, so a class whose size is a multiple of align
+         * gives aligned blocks; the power-of-two class at or above
+         * max(n, align) always is one. */
         uint32_t cls = small_class_of(n > align ? n : align);
         /* Pool blocks follow 16-byte headers: aligned only to 16. */
         while ((cls >= POOL_FIRST && cls < POOL_END) || (small_class_size[cls] & (align - 1)))
             cls++;
-        return front_alloc_class(cls);
+        /* L2.5 blocks are coloured (one cache line apart) but for these. */
+        return cls < TINY_NCLASSES ? tiny_alloc(cls) : l25_alloc_aligned(cls);
     }
     return large_alloc(n, align, false);
 }
