@@ -1,6 +1,7 @@
 /* L2.5 tier: bundles, their shards, and the slow paths of the thread cache. */
 #include "l25.h"
 
+#include "box/arena.h"
 #include "box/lock.h"
 #include "box/os.h"
 
@@ -91,7 +92,7 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
     hak_unlock(&l25_desc_lock);
     if (b == NULL) return NULL;
 
-    uint8_t *base = os_map_aligned(span, HAK_REGION_SIZE);
+    uint8_t *base = arena_alloc(span);
     if (base == NULL) {
         l25_desc_put(b);
         return NULL;
@@ -123,7 +124,7 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
     for (size_t r = 0; r < span; r += HAK_REGION_SIZE) {
         if (!rmap_set_region(base + r, RMAP_L25, idx)) {
             rmap_clear_span(base, span);
-            os_unmap(base, span);
+            arena_free(base, span);
             l25_desc_put(b);
             return NULL;
         }
@@ -139,7 +140,7 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
 static void l25_bundle_unmap(struct l25_bundle *b) {
     size_t span = b->span;
     rmap_clear_span(b->base, span);
-    os_unmap(b->base, span);
+    arena_free(b->base, span);
     hak_lock(&l25_desc_lock);
     l25_unmapped++;
     l25_bytes -= span;

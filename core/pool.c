@@ -3,6 +3,7 @@
  * list of recycled heaps. */
 #include "pool.h"
 
+#include "box/arena.h"
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
@@ -15,7 +16,8 @@ struct pool_heap {
     struct pool_chunk *cur;                  /* carving from its tail */
     struct pool_chunk *avail[POOL_NCLASSES]; /* chunks with free blocks, per class */
     struct pool_chunk *chunks;               /* all of them */
-    struct pool_chunk *spare;                /* one empty chunk kept for the next need */
+    struct pool_chunk *spares;               /* empty chunks kept for the next need */
+    size_t spare_bytes;                      /* their bytes, at most pool_spare_max() */
     _Atomic(void *) remote;                  /* blocks freed by other threads */
     size_t next_size;                        /* bytes of the next chunk */
     struct pool_heap *next_free;
@@ -45,7 +47,7 @@ static struct pool_heap *pool_heap_get(void) {
     } else {
         if (pool_heaps_fresh_n == 0) {
             size_t bytes = 64 * 1024;
-            pool_heaps_fresh = os_map_aligned(bytes, HAK_PAGE_SIZE);
+            pool_heaps_fresh = arena_alloc(bytes);
             pool_heaps_fresh_n = pool_heaps_fresh ? (uint32_t)(bytes / sizeof *h) : 0;
         }
         if (pool_heaps_fresh_n) {
@@ -85,18 +87,19 @@ static void pool_all_link(struct pool_heap *h, struct pool_chunk *c) {
 /* A chunk for h to carve from, made its current one: the spare, else a new
  * mapping; false when out of memory. */
 static bool pool_chunk_new(struct pool_heap *h) {
-    struct pool_chunk *c = h->spare;
+    struct pool_chunk *c = h->spares;
     if (c) {
-        h->spare = NULL;
+        h->spares = c->all_next;
+        h->spare_bytes -= c->size;
         pool_all_link(h, c);
         h->cur = c;
         return true;
     }
     size_t size = h->next_size;
-    c = os_map_aligned(size, HAK_REGION_SIZE);
+    c = arena_alloc(size);
     if (c == NULL) return false;
     if (!rmap_mark_span(c, size, RMAP_POOL)) {
-        os_unmap(c, size);
+        arena_free(c, size);
         return false;
     }
     c->owner = h;
@@ -115,15 +118,22 @@ static bool pool_chunk_new(struct pool_heap *h) {
 static void pool_chunk_unmap(struct pool_chunk *c) {
     size_t size = c->size, carved = (size_t)(c->bump - (uint8_t *)c - POOL_CHUNK_HDR);
     rmap_clear_span(c, size);
-    os_unmap(c, size);
+    arena_free(c, size);
     atomic_fetch_add_explicit(&pool_st_unmapped, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&pool_st_bytes, size, memory_order_relaxed);
     atomic_fetch_sub_explicit(&pool_st_carved, carved, memory_order_relaxed);
 }
 
-/* Every block of c is back on its free lists: it becomes h's spare, as if
- * new (so a burst freed and allocated again makes no syscall), or, with a
- * spare already there, goes back to the OS. */
+/* Empty chunks a heap keeps: twice the largest chunk, so a burst freed and
+ * allocated again, or a thread pool's threads exiting and starting (the heap
+ * and its spares go to the next thread), make no syscall. malloc_trim gives
+ * them back. */
+static size_t pool_spare_max(void) {
+    return (size_t)hak_cfg.pool_arena_mb_max << 21;
+}
+
+/* Every block of c is back on its free lists: it becomes one of h's spares,
+ * as if new, or goes back to the OS when they are at their bound. */
 static void pool_chunk_release(struct pool_heap *h, struct pool_chunk *c) {
     for (uint32_t k = 0; k < POOL_NCLASSES; k++) {
         if (c->free[k]) pool_avail_unlink(h, c, k);
@@ -135,12 +145,14 @@ static void pool_chunk_release(struct pool_heap *h, struct pool_chunk *c) {
         h->chunks = c->all_next;
     if (c->all_next) c->all_next->all_prev = c->all_prev;
     if (h->cur == c) h->cur = NULL;
-    if (h->spare == NULL) {
+    if (h->spare_bytes + c->size <= pool_spare_max()) {
         atomic_fetch_sub_explicit(&pool_st_carved,
                                   (uint64_t)(c->bump - (uint8_t *)c - POOL_CHUNK_HDR),
                                   memory_order_relaxed);
         c->bump = (uint8_t *)c + POOL_CHUNK_HDR;
-        h->spare = c;
+        c->all_next = h->spares;
+        h->spares = c;
+        h->spare_bytes += c->size;
         return;
     }
     pool_chunk_unmap(c);
@@ -237,16 +249,18 @@ void pool_free_remote(void *p, struct pool_chunk *c) {
 
 /* ---- thread exit, trim, fork ----------------------------------------------------------- */
 
-/* Give h's idle memory back: remote blocks to their chunks, the current
- * chunk too when nothing of it is out, and the spare to the OS. */
-static bool pool_heap_tidy(struct pool_heap *h) {
+/* Tidy h: remote blocks to their chunks, the current chunk among the spares
+ * when nothing of it is out, and with `all` every spare back to the OS. */
+static bool pool_heap_tidy(struct pool_heap *h, bool all) {
     uint64_t before = atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed);
     pool_drain(h);
     if (h->cur && h->cur->out == 0) pool_chunk_release(h, h->cur);
     h->cur = NULL; /* a chunk half carved is released when its blocks are back */
-    if (h->spare) {
-        pool_chunk_unmap(h->spare);
-        h->spare = NULL;
+    while (all && h->spares) {
+        struct pool_chunk *c = h->spares;
+        h->spares = c->all_next;
+        h->spare_bytes -= c->size;
+        pool_chunk_unmap(c);
     }
     return atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed) != before;
 }
@@ -270,7 +284,7 @@ void pool_thread_exit(void) {
     struct pool_heap *h = hak_tc.pool;
     if (h == NULL) return;
     pool_cache_return(h);
-    pool_heap_tidy(h);
+    pool_heap_tidy(h, false); /* the spares go with the heap to the next thread */
     hak_tc.pool = NULL;
     hak_lock(&pool_lock);
     h->next_free = pool_heaps_free;
@@ -283,12 +297,12 @@ bool pool_trim(void) {
     struct pool_heap *mine = hak_tc.pool;
     if (mine) {
         pool_cache_return(mine);
-        any |= pool_heap_tidy(mine);
+        any |= pool_heap_tidy(mine, true);
     }
     /* Heaps of exited threads: ours to tidy while we hold the lock. */
     hak_lock(&pool_lock);
     for (struct pool_heap *h = pool_heaps_free; h; h = h->next_free)
-        any |= pool_heap_tidy(h);
+        any |= pool_heap_tidy(h, true);
     hak_unlock(&pool_lock);
     return any;
 }

@@ -6,8 +6,9 @@
  * LIVE or FREE): free validates a pointer exactly and catches every double
  * free of a block still in its chunk. Freed blocks go to the thread cache,
  * then to their chunk's per-class free list; a chunk whose blocks are all
- * back becomes the heap's one spare chunk, or is unmapped when there is one
- * already. Blocks freed by another thread go on the owner's
+ * back becomes one of the heap's spare chunks (up to twice the largest chunk
+ * size in all; they stay with the heap when its thread exits), or is given
+ * back to the OS. Blocks freed by another thread go on the owner's
  * lock-free remote stack, which the owner drains before it refills. */
 #ifndef HAK_POOL_H
 #define HAK_POOL_H

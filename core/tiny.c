@@ -2,6 +2,7 @@
  * the thread cache and the slabs, remote frees, orphan adoption. */
 #include "tiny.h"
 
+#include "box/arena.h"
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
@@ -85,7 +86,7 @@ static struct tiny_heap *tiny_heap_get(void) {
     } else {
         if (tiny_heap_fresh_n == 0) {
             size_t chunk = 64 * 1024;
-            tiny_heap_fresh = os_map_aligned(chunk, HAK_PAGE_SIZE);
+            tiny_heap_fresh = arena_alloc(chunk);
             tiny_heap_fresh_n = tiny_heap_fresh ? (uint32_t)(chunk / sizeof *h) : 0;
         }
         if (tiny_heap_fresh_n) {

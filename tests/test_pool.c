@@ -95,9 +95,12 @@ static void test_arena_chunks_grow_1_2_4_8(void **state) {
     assert_int_equal(sizes[4], 8 * mib); /* HAKMEM_POOL_ARENA_MB_MAX */
     struct pool_stats b = pstats();
     assert_true(b.chunks_mapped - a.chunks_mapped >= 6);
-    /* Every chunk whose blocks all came back was unmapped; the thread's
-     * exit gave back the one it was carving. */
-    assert_int_equal(b.chunks_live, a.chunks_live);
+    /* Chunks whose blocks all came back were given back, but for the spares
+     * the heap keeps (at most twice the largest chunk), which malloc_trim
+     * gives back too. */
+    assert_true(b.bytes_live - a.bytes_live <= 16 * mib);
+    malloc_trim(0);
+    assert_true(pstats().chunks_live <= a.chunks_live);
 }
 
 static void *grow_small_thread(void *arg) {
@@ -268,8 +271,17 @@ static void test_chunks_unmapped_when_blocks_all_back(void **state) {
     run_in_thread(burst_thread, NULL);
     struct pool_stats b = pstats();
     assert_true(b.chunks_mapped > a.chunks_mapped);
-    assert_int_equal(b.chunks_live, a.chunks_live);
-    assert_int_equal(b.bytes_live, a.bytes_live);
+    /* ~45 MiB went through; the exited thread's heap keeps its spares only. */
+    assert_true(b.bytes_live - a.bytes_live <= (size_t)16 << 20);
+    assert_true(b.chunks_unmapped > a.chunks_unmapped);
+    /* A new thread takes the heap over and bursts again from its spares. */
+    run_in_thread(burst_thread, NULL);
+    struct pool_stats c = pstats();
+    assert_true(c.chunks_mapped - b.chunks_mapped < b.chunks_mapped - a.chunks_mapped);
+    malloc_trim(0);
+    struct pool_stats d = pstats(); /* trim took earlier tests' spares too */
+    assert_true(d.chunks_live <= a.chunks_live);
+    assert_true(d.bytes_live <= a.bytes_live);
 }
 
 static void *heap_of_thread(void *arg) {

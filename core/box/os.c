@@ -105,17 +105,6 @@ void *os_map_aligned(size_t size, size_t align) {
  * asked, while the read-only reservation stays unlocked. */
 static bool os_lock_future;
 
-/* Does a fresh mapping come back populated? Only mlockall(MCL_FUTURE) does
- * that to an anonymous one. */
-static bool os_mappings_locked(void) {
-    uint8_t *probe = os_mmap_as(NULL, HAK_PAGE_SIZE, OS_RW, OS_ANON);
-    if (probe == NULL) return false;
-    unsigned char v = 0;
-    bool locked = mincore(probe, HAK_PAGE_SIZE, &v) == 0 && (v & 1);
-    os_unmap(probe, HAK_PAGE_SIZE);
-    return locked;
-}
-
 void *os_reserve(size_t *size, size_t min, size_t align) {
     size_t want = *size;
     struct rlimit rl;
@@ -128,9 +117,16 @@ void *os_reserve(size_t *size, size_t min, size_t align) {
     for (; want >= min; want >>= 1) {
         /* Inaccessible first: under mlockall(MCL_FUTURE) a readable mapping
          * would be populated, page tables for every page of it. */
-        uint8_t *p = os_map_aligned_as(want, align, PROT_NONE, OS_ANON | MAP_NORESERVE);
+        size_t a = align < want ? align : want; /* over-mapping must stay possible */
+        uint8_t *p = os_map_aligned_as(want, a, PROT_NONE, OS_ANON | MAP_NORESERVE);
         if (p == NULL) continue;
-        os_lock_future = os_mappings_locked();
+        /* Is it locked (mlockall(MCL_FUTURE))? Making a locked mapping
+         * writable populates it: try on the first page. No probe mapping of
+         * its own, so the reservation stays one mmap. */
+        os_count(OS_MPROTECT);
+        unsigned char v = 0;
+        os_lock_future =
+            mprotect(p, HAK_PAGE_SIZE, OS_RW) == 0 && mincore(p, HAK_PAGE_SIZE, &v) == 0 && (v & 1);
         if (os_lock_future) {
             os_count(OS_MLOCK);
             munlock(p, want);
@@ -140,6 +136,7 @@ void *os_reserve(size_t *size, size_t min, size_t align) {
             os_unmap(p, want);
             continue;
         }
+        if (os_lock_future) os_decommit(p, HAK_PAGE_SIZE); /* the probed page */
         *size = want;
         return p;
     }

@@ -27,7 +27,8 @@ bool os_resize(void *p, size_t old_size, size_t new_size);
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst);
 
 /* Reserve address space: the largest power-of-two size from *size down to
- * min (both powers of two >= align) that the OS grants, aligned to `align`,
+ * min (both powers of two >= page) that the OS grants, aligned to `align` or
+ * to its own size when that is smaller,
  * read-only and reading as zeros, costing no memory and no commit charge;
  * *size says what was granted. Under an address-space limit (RLIMIT_AS) no
  * more than an eighth of it is asked for, unless that is below min. NULL

@@ -1,5 +1,5 @@
 /* Region map: leaves are created on demand and never freed (one 256 KiB leaf,
- * mostly untouched, covers 128 GiB of address space). */
+ * mostly untouched, covers 128 GiB of address space); the first is static. */
 #include "box/rmap.h"
 
 #include "box/os.h"
@@ -11,17 +11,28 @@ _Atomic(uint32_t *) rmap_root[RMAP_ROOT_N] = {[0 ... RMAP_ROOT_N - 1] = rmap_emp
 
 #define RMAP_LEAF_BYTES (RMAP_LEAF_N * sizeof(uint32_t))
 
+static uint32_t rmap_first_leaf[RMAP_LEAF_N];
+static atomic_bool rmap_first_taken;
+
 static uint32_t *rmap_leaf(uintptr_t region, bool create) {
     _Atomic(uint32_t *) *slot = &rmap_root[region >> RMAP_LEAF_BITS];
     uint32_t *leaf = atomic_load_explicit(slot, memory_order_acquire);
     if (leaf != rmap_empty_leaf) return leaf;
     if (!create) return NULL;
-    uint32_t *fresh = os_map_aligned(RMAP_LEAF_BYTES, HAK_PAGE_SIZE);
+    /* The first leaf is static (BSS: no mapping, pages touched lazily): the
+     * arena's upper half, which holds every Pool chunk and L2.5 bundle, fits
+     * in one leaf, so most programs never map one. */
+    bool first = !atomic_exchange_explicit(&rmap_first_taken, true, memory_order_relaxed);
+    uint32_t *fresh = first ? rmap_first_leaf : os_map_aligned(RMAP_LEAF_BYTES, HAK_PAGE_SIZE);
     if (fresh == NULL) return NULL;
     if (atomic_compare_exchange_strong_explicit(slot, &leaf, fresh, memory_order_acq_rel,
                                                 memory_order_acquire))
         return fresh;
-    os_unmap(fresh, RMAP_LEAF_BYTES); /* another thread installed it first */
+    /* Another thread installed one first. */
+    if (first)
+        atomic_store_explicit(&rmap_first_taken, false, memory_order_relaxed);
+    else
+        os_unmap(fresh, RMAP_LEAF_BYTES);
     return leaf;
 }
 

@@ -1,5 +1,6 @@
 #include "box/stats.h"
 
+#include "box/arena.h"
 #include "box/diag.h"
 #include "box/os.h"
 #include "large.h"
@@ -92,6 +93,11 @@ void stats_print(int fd) {
     stats_line(fd, "large.cached_blocks", l.cached_blocks);
     stats_line(fd, "large.cached_bytes", l.cached_bytes);
     stats_line(fd, "large.cache_decommits", l.cache_decommits);
+    struct arena_stats a;
+    arena_get_stats(&a);
+    stats_line(fd, "arena.reserved_bytes", a.reserved);
+    stats_line(fd, "arena.units_used", a.units_used);
+    stats_line(fd, "arena.fallbacks", a.fallbacks);
     stats_line(fd, "os.mmap", os_calls(OS_MMAP));
     stats_line(fd, "os.munmap", os_calls(OS_MUNMAP));
     stats_line(fd, "os.madvise", os_calls(OS_MADVISE));

@@ -1,5 +1,6 @@
 #include "front/lifecycle.h"
 
+#include "box/arena.h"
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/stats.h"
@@ -50,11 +51,13 @@ static void life_fork_prepare(void) {
     pool_fork_prepare();
     l25_fork_prepare();
     large_fork_prepare();
+    arena_fork_prepare(); /* last: the tiers take it inside their own locks */
     hak_in_fork = true;
 }
 
 static void life_fork_parent(void) {
     hak_in_fork = false;
+    arena_fork_parent();
     large_fork_parent();
     l25_fork_parent();
     pool_fork_parent();
@@ -64,6 +67,7 @@ static void life_fork_parent(void) {
 
 static void life_fork_child(void) {
     hak_in_fork = false;
+    arena_fork_child();
     large_fork_child();
     l25_fork_child();
     pool_fork_child();

@@ -2,6 +2,7 @@
  * acquired or given back per tens to thousands of blocks), under one lock. */
 #include "superslab/ss.h"
 
+#include "box/arena.h"
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
@@ -10,10 +11,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-/* The SuperSlab range (ss.h). 256 GiB when the OS grants it (128 Ki
+/* The SuperSlab range (ss.h): the lower half of the arena (box/arena.h),
+ * 128 GiB when the OS grants it (64 Ki
  * SuperSlabs), less under valgrind or an address-space limit. */
-#define SS_RANGE_MAX ((size_t)1 << 38)
-#define SS_RANGE_MIN ((size_t)64 << 20)
+#define SS_RANGE_MAX ((size_t)1 << 37)
 /* Written once, together, under ss_lock, before any pointer into the range
  * exists; read without synchronisation by free (see ss_contains). Until
  * then a base of 2^63 puts every user address outside. */
@@ -72,13 +73,13 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
 static uintptr_t ss_range_take(void) {
     if (ss_range_span == 0) {
         if (ss_range_refused) return 0;
-        size_t size = SS_RANGE_MAX;
-        void *base = os_reserve(&size, SS_RANGE_MIN, SS_SIZE);
-        if (base == NULL) {
+        uintptr_t base;
+        size_t size;
+        if (!arena_ss_range(&base, &size)) {
             ss_range_refused = true;
             return 0;
         }
-        ss_range_base = (uintptr_t)base;
+        ss_range_base = base;
         __atomic_store_n(&ss_range_span, size, __ATOMIC_RELEASE); /* after the base */
     }
     if (ss_range_nfree) {
