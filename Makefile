@@ -88,6 +88,15 @@ bench:
 	@bench/deps.sh
 	@$(MAKE) --no-print-directory bench-bins
 	@bench/run.sh
+	@bench/syscalls.sh
+
+# mmap/munmap/madvise/mremap/mprotect/brk calls per run (strace -f -c), hakmem
+# vs the other allocators; `make bench` runs it after bench/run.sh.
+.PHONY: bench-syscalls
+bench-syscalls:
+	@bench/deps.sh
+	@$(MAKE) --no-print-directory bench-bins
+	@bench/syscalls.sh
 
 # Instructions per malloc+free pair (valgrind --tool=callgrind), hakmem vs
 # the other allocators: deterministic, unlike timings on a shared machine.

@@ -39,7 +39,15 @@ def read_meta(path):
 def ratio(a, b):
     if a is None or b is None or b == 0:
         return "n/a"
-    return f"{a / b:.2f}x"
+    r = a / b
+    return f"{r:.2f}x" if r >= 0.1 else f"{r:.2g}x"
+
+
+def mops(ops):
+    """ops/s in millions: 2 decimals, or 3 significant digits below 1 so that
+    slow workloads (e.g. realloc_growth, hundreds of ops/s) do not read 0.00."""
+    m = ops / 1e6
+    return f"{m:.2f}" if m >= 1 else f"{m:.3g}"
 
 
 def render(rows, align):
@@ -105,7 +113,7 @@ def main():
                 nfail = sum(1 for o, _ in runs[(w, a)] if o is None)
                 row = [label, a, f"FAILED {nfail}/{len(runs[(w, a)])}", "", ""]
             else:
-                row = [label, a, f"{m[0] / 1e6:.2f}", f"{100 * m[2]:.1f}%", f"{m[1]:.0f}"]
+                row = [label, a, mops(m[0]), f"{100 * m[2]:.1f}%", f"{m[1]:.0f}"]
             if have_hakmem:
                 if a == "hakmem":
                     def val(x, idx):

@@ -38,6 +38,13 @@ fi
 # larson's arguments are threads, rounds, chunk (slots per thread), seed;
 # HAKMEM_BENCH_STEPS is its steps per thread per round. remote_free's
 # HAKMEM_BENCH_QUEUE is the queue capacity (blocks in flight).
+# mid_large_mt's arguments are threads, iters per thread, ws (slots per
+# thread), seed. The realloc_growth workloads cannot follow the 0.2-0.5 s
+# rule, the allocators differ too much: to 64 MiB, glibc grows its large
+# blocks with mremap (~8 us per realloc) while mimalloc and jemalloc copy them
+# (~3 ms per realloc on average); to 1 MiB, glibc grows in place at the top of
+# its heap (~60M reallocs/s) while hakmem and mimalloc copy (~0.5M/s). Their
+# counts keep the slowest allocator at ~1-3 s; glibc's runs last a few ms.
 workload_table() {
     cat <<'EOF'
 # name                      env / binary / args (iters, then bench-specific)
@@ -50,6 +57,14 @@ fixed_size_1024             bench_fixed_size 10000000 1024 42
 larson_8-1000_1t            HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=1000 HAKMEM_BENCH_STEPS=4000 bench_larson 1 6000 1000 42
 larson_8-1000_2t            HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=1000 HAKMEM_BENCH_STEPS=4000 bench_larson 2 500 1000 42
 remote_free_16-1024         HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 HAKMEM_BENCH_QUEUE=1024 bench_remote_free 800000 42
+random_mixed_16-65536_ws400 HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=65536 bench_random_mixed 1000000 400 42
+mid_large_mt_1t             HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=32768 bench_mid_large_mt 1 1500000 256 42
+mid_large_mt_2t             HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=32768 bench_mid_large_mt 2 800000 256 42
+scenario_string             bench_scenarios string 2500000 42
+scenario_json               bench_scenarios json 1000000 42
+scenario_mir                bench_scenarios mir 800000 42
+realloc_growth              HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=67108864 bench_realloc_growth 20 42
+realloc_growth_16-1m        HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1048576 bench_realloc_growth 10000 42
 EOF
 }
 
