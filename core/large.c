@@ -156,33 +156,55 @@ static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct 
  * back into the cache. */
 static void large_cache_retire(struct large_entry *out, uint32_t n);
 
-/* Best-fitting cached mapping for `need` bytes at `map_align`, at most 25%
- * bigger, or NULL; *zeroed when its pages were decommitted (they read as
+/* Give the tail of cached mapping h (`size` bytes) beyond `need` back to the
+ * OS: the front keeps its resident pages, so a block copied into it (a
+ * realloc leaving a smaller tier) takes no page faults. Returns the size h
+ * has now. */
+static size_t large_trim_to(struct large_hdr *h, size_t size, size_t need) {
+    size_t keep = hak_align_up(need, HAK_REGION_SIZE);
+    if (keep < size) rmap_clear_span((uint8_t *)h + keep, size - keep);
+    if (os_resize(h, size, need)) return need;
+    rmap_mark_span(h, size, RMAP_LARGE); /* cannot fail: the leaves exist */
+    return size;
+}
+
+/* A cached mapping for `need` bytes at `map_align`, or NULL: the newest one
+ * at most 25% bigger, else the smallest bigger one that still has its pages,
+ * cut down to `need`. *zeroed when its pages were decommitted (they read as
  * zero). */
 static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool *zeroed) {
     struct large_cache *lc = &large_cache;
     struct large_entry old[LARGE_NCLASSES];
-    struct large_hdr *best = NULL;
+    struct large_entry got = {0};
     uint32_t c0 = large_class(need), nold;
     hak_lock(&lc->lock);
     /* Class c0 holds sizes just below and above need; c0+1 those up to 25%
      * over it. Newest first: their pages are the likeliest still in cache. */
-    for (uint32_t c = c0; c <= c0 + 1 && c < LARGE_NCLASSES && best == NULL; c++) {
+    for (uint32_t c = c0; c <= c0 + 1 && c < LARGE_NCLASSES && got.h == NULL; c++) {
         for (uint32_t i = lc->count[c]; i-- > 0;) {
             struct large_entry *e = &lc->e[c][i];
             if (e->size < need || e->size - need > need / 4) continue;
             if (((uintptr_t)e->h & (map_align - 1)) != 0) continue;
-            *zeroed = e->decommitted;
-            size_t size = e->size;
-            best = large_cache_remove(lc, c, i).h;
-            best->map_size = size; /* a decommitted header reads as zero */
+            got = large_cache_remove(lc, c, i);
+            break;
+        }
+    }
+    for (uint32_t c = c0 + 2; c < LARGE_NCLASSES && got.h == NULL; c++) {
+        for (uint32_t i = lc->count[c]; i-- > 0;) {
+            struct large_entry *e = &lc->e[c][i];
+            if (e->decommitted || ((uintptr_t)e->h & (map_align - 1)) != 0) continue;
+            got = large_cache_remove(lc, c, i);
             break;
         }
     }
     nold = large_cache_expire(lc, large_now_ms(), old, LARGE_NCLASSES);
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold);
-    return best;
+    if (got.h == NULL) return NULL;
+    *zeroed = got.decommitted;
+    /* A decommitted header reads as zero: the size comes from the entry. */
+    got.h->map_size = got.size - need > need / 4 ? large_trim_to(got.h, got.size, need) : got.size;
+    return got.h;
 }
 
 /* Keep h for reuse, evicting the oldest entries to stay in bounds. */

@@ -37,7 +37,7 @@ static int defaults(void **state) {
     hak_cfg.stats = false;
     hak_cfg.bigcache_age_ms = 1000;
     hak_cfg.hugepages = false;
-    hak_cfg.bigcache_bytes = (size_t)64 << 20;
+    hak_cfg.bigcache_bytes = (size_t)128 << 20;
     hak_cfg.pool_arena_mb_init = 1;
     hak_cfg.pool_arena_mb_max = 8;
     return 0;
@@ -74,7 +74,7 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     setenv("HAKMEM_BIGCACHE_MB", "lots", 1);
     load_capturing(err, sizeof err);
     assert_non_null(strstr(err, "HAKMEM_BIGCACHE_MB"));
-    assert_int_equal(hak_cfg.bigcache_bytes, (size_t)64 << 20);
+    assert_int_equal(hak_cfg.bigcache_bytes, (size_t)128 << 20);
     unsetenv("HAKMEM_BIGCACHE_MB");
     setenv("HAKMEM_BIGCACHE_AGE_MS", "0", 1); /* 0 would decommit at once: not allowed */
     setenv("HAKMEM_HUGEPAGES", "yes", 1);

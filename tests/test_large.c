@@ -9,6 +9,7 @@
 #include "box/config.h"
 #include "box/os.h"
 #include "large.h"
+#include "death.h"
 #include "maps.h"
 
 #include <errno.h>
@@ -267,6 +268,26 @@ static void test_hugepages_option(void **state) {
     free(p);
 }
 
+static void test_bigger_entry_cut_down_keeps_its_pages(void **state) {
+    (void)state;
+    /* A grown buffer freed (40 MiB, its first 2 MiB written), then a 2 MiB
+     * block wanted: the cached mapping is cut down rather than a fresh one
+     * mapped, and its front is still resident (no page faults to refill). */
+    uint8_t *p = malloc(40 * MiB);
+    memset(p, 0x77, 2 * MiB);
+    free(p);
+    uint64_t mm = os_calls(OS_MMAP), rm = os_calls(OS_MREMAP);
+    uint8_t *q = malloc(2 * MiB - 4096);
+    assert_ptr_equal(q, p);
+    assert_int_equal(os_calls(OS_MMAP), mm);
+    assert_int_equal(os_calls(OS_MREMAP), rm + 1);
+    assert_true(maps_resident(q + MiB));
+    assert_true(malloc_usable_size(q) < 3 * MiB);
+    /* What was cut off is no longer ours. */
+    expect_free_abort(do_free, q + 8 * MiB, "invalid pointer");
+    free(q);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -280,6 +301,7 @@ int main(void) {
         cmocka_unit_test_setup(test_cache_bounds_entries_per_class, reset),
         cmocka_unit_test_setup(test_unused_entries_decommitted_then_unmapped, reset),
         cmocka_unit_test_setup(test_hugepages_option, reset),
+        cmocka_unit_test_setup(test_bigger_entry_cut_down_keeps_its_pages, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,7 @@
 
 struct hak_config hak_cfg = {
     .stats = false,
-    .bigcache_bytes = (size_t)64 << 20,
+    .bigcache_bytes = (size_t)128 << 20,
     .bigcache_age_ms = 1000,
     .hugepages = false,
     .ss_cache = 8,
