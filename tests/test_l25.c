@@ -356,6 +356,28 @@ static void test_uncached_blocks_of_other_classes(void **state) {
     }
 }
 
+static void test_growing_realloc_leaves_room(void **state) {
+    (void)state;
+    /* A block grown into the tier gets room for half as much again, so the
+     * next growth step of a buffer stays in place. */
+    uint8_t *p = malloc(40000);
+    memset(p, 0x21, 40000);
+    p = realloc(p, 70000);
+    assert_true(malloc_usable_size(p) >= 105000);
+    uint8_t *q = realloc(p, 105000);
+    assert_ptr_equal(q, p);
+    for (size_t k = 0; k < 40000; k += 997)
+        assert_int_equal(q[k], 0x21);
+    /* Near the top of the tier, the room stops at 1 MiB. */
+    q = realloc(q, 900000);
+    assert_int_equal(malloc_usable_size(q), 1u << 20);
+    free(q);
+    /* A malloc of the same size gets no room. */
+    void *r = malloc(70000);
+    assert_int_equal(malloc_usable_size(r), small_class_size[small_class_of(70000)]);
+    free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
@@ -373,6 +395,7 @@ int main(void) {
         cmocka_unit_test(test_trim_unmaps_empty_bundles),
         cmocka_unit_test(test_threads_use_different_shards),
         cmocka_unit_test(test_uncached_blocks_of_other_classes),
+        cmocka_unit_test(test_growing_realloc_leaves_room),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

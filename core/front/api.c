@@ -78,6 +78,17 @@ static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
     size_t have = small_class_size[cls];
     /* Stay put unless growing, or shrinking by more than a power of two. */
     if (n <= have && small_class_of(n) + 4 > cls) return p;
+    /* A block growing into the L2.5 range is likely to grow on (a buffer, a
+     * vector): room for half as much again saves every other copy, and the
+     * pages of the slack are touched only if used. */
+    if (n > have && n > POOL_MAX && n <= HAK_SMALL_MAX) {
+        size_t room = n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX;
+        void *q = front_malloc(room);
+        if (q == NULL) return front_move(p, have, n); /* not the room: n may fit */
+        memcpy(q, p, have);
+        front_free(p, "realloc");
+        return q;
+    }
     return front_move(p, have, n);
 }
 
