@@ -405,6 +405,10 @@ void large_fork_child(void) {
     pthread_mutex_init(&large_cache.lock, NULL);
 }
 
+uint64_t large_live_count(void) {
+    return atomic_load_explicit(&large_live_blocks, memory_order_relaxed);
+}
+
 void large_get_stats(struct large_stats *s) {
     s->allocs = atomic_load(&large_n_allocs);
     s->frees = atomic_load(&large_n_frees);

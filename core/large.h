@@ -20,7 +20,7 @@ void *large_alloc(size_t size, size_t align, bool zero);
 void large_free(void *p, uint32_t entry, const char *fn);
 size_t large_usable_size(const void *p, uint32_t entry, const char *fn);
 /* Resize in place or by moving pages; NULL (errno ENOMEM, p untouched) when
- * neither works. n > HAK_SMALL_MAX. */
+ * neither works. */
 void *large_realloc(void *p, uint32_t entry, size_t n);
 
 /* Unmap every cached mapping; true when something was released. */
@@ -36,5 +36,7 @@ struct large_stats {
     uint64_t cache_decommits; /* cached mappings whose pages were given back */
 };
 void large_get_stats(struct large_stats *s);
+/* Large blocks live now (each one a mapping). */
+uint64_t large_live_count(void);
 
 #endif

@@ -73,21 +73,34 @@ static void *front_move(void *p, size_t keep, size_t n) {
     return q;
 }
 
+#define FRONT_GROW_TO_LARGE ((size_t)256 << 10)
+#define FRONT_GROW_MAX_MAPS 4096
+
 /* realloc of a valid block of class cls. */
 static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
     size_t have = small_class_size[cls];
     /* Stay put unless growing, or shrinking by more than a power of two. */
     if (n <= have && small_class_of(n) + 4 > cls) return p;
-    /* A block growing into the L2.5 range is likely to grow on (a buffer, a
-     * vector): room for half as much again saves every other copy, and the
-     * pages of the slack are touched only if used. */
-    if (n > have && n > POOL_MAX && n <= HAK_SMALL_MAX) {
-        size_t room = n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX;
-        void *q = front_malloc(room);
-        if (q == NULL) return front_move(p, have, n); /* not the room: n may fit */
-        memcpy(q, p, have);
-        front_free(p, "realloc");
-        return q;
+    if (n > have && n > POOL_MAX) {
+        /* A block growing past the Pool tier is likely to grow on (a buffer,
+         * a vector). From 256 KiB it moves to a mapping of its own, which
+         * further growth extends with mremap, never copying again (unless
+         * the program already holds many mappings: each costs one of the
+         * kernel's vm.max_map_count). Below, room for half as much again
+         * saves every other copy; the slack's pages are touched only if
+         * used. */
+        int saved = errno; /* a refusal here is no failure of realloc */
+        void *q = NULL;
+        if (n >= FRONT_GROW_TO_LARGE && large_live_count() < FRONT_GROW_MAX_MAPS)
+            q = large_alloc(n, HAK_MIN_ALIGN, false);
+        else if (n < HAK_SMALL_MAX)
+            q = front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
+        if (q) {
+            memcpy(q, p, have);
+            front_free(p, "realloc");
+            return q;
+        }
+        errno = saved;
     }
     return front_move(p, have, n);
 }
@@ -109,7 +122,8 @@ static void *front_realloc(void *p, size_t n) {
     case RMAP_L25:
         return front_realloc_class(p, l25_class_of(p, e, "realloc"), n);
     case RMAP_LARGE:
-        if (n > HAK_SMALL_MAX) return large_realloc(p, e, n);
+        /* Blocks grown out of the smaller tiers stay mappings from 256 KiB. */
+        if (n >= FRONT_GROW_TO_LARGE) return large_realloc(p, e, n);
         return front_move(p, large_usable_size(p, e, "realloc"), n);
     default:
         diag_bad_pointer("realloc", "invalid pointer", p);
