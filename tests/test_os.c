@@ -170,9 +170,38 @@ static void test_reserve_under_mlockall(void **state) {
     if (WEXITSTATUS(st) != 0) fail_msg("child exit %d (see the test)", WEXITSTATUS(st));
 }
 
+/* Under mlockall(MCL_FUTURE | MCL_ONFAULT) nothing is populated, so the
+ * lock must be learnt another way; given back, a committed part must lose
+ * its pages (locked pages would keep them: old bytes in a "zero" unit). */
+static void test_reserve_under_mlockall_onfault(void **state) {
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) != 0) _exit(77);
+        size_t size = (size_t)8 << 30;
+        uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
+        if (r == NULL) _exit(2);
+        if (!os_commit(r, HAK_REGION_SIZE)) _exit(4);
+        memset(r, 0xab, HAK_REGION_SIZE);
+        os_uncommit(r, HAK_REGION_SIZE);
+        if (!maps_given_back(r, HAK_REGION_SIZE)) _exit(6);
+        if (r[4096] != 0) _exit(7);
+        if (!os_commit(r, HAK_REGION_SIZE)) _exit(8);
+        if (r[8192] != 0) _exit(9);
+        _exit(0);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77) skip();
+    if (WEXITSTATUS(st) != 0) fail_msg("child exit %d (see the test)", WEXITSTATUS(st));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_map_aligned_honours_alignment),
+        cmocka_unit_test(test_reserve_under_mlockall_onfault),
         cmocka_unit_test(test_counts_every_kind),
         cmocka_unit_test(test_decommit_reads_zero),
         cmocka_unit_test(test_resize_in_place_keeps_contents),

@@ -5,10 +5,14 @@
 
 #include "sizes.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 static _Atomic uint64_t os_counts[OS_NCALLS];
 
@@ -41,9 +45,12 @@ void os_unmap(void *p, size_t size) {
     munmap(p, size);
 }
 
-void os_decommit(void *p, size_t size) {
+bool os_decommit(void *p, size_t size) {
+    int saved = errno; /* free() must not change errno */
     os_count(OS_MADVISE);
-    madvise(p, size, MADV_DONTNEED);
+    bool ok = madvise(p, size, MADV_DONTNEED) == 0; /* EINVAL on locked pages */
+    errno = saved;
+    return ok;
 }
 
 bool os_hugepages(void *p, size_t size) {
@@ -105,6 +112,27 @@ void *os_map_aligned(size_t size, size_t align) {
  * asked, while the read-only reservation stays unlocked. */
 static bool os_lock_future;
 
+/* VmLck of /proc/self/status in KiB, -1 when unreadable. Without stdio:
+ * this runs inside malloc. */
+static long os_locked_kb(void) {
+    int saved = errno;
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    char buf[4096];
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0) close(fd);
+    errno = saved;
+    if (n <= 0) return -1;
+    buf[n] = '\0';
+    const char *c = strstr(buf, "VmLck:");
+    if (c == NULL) return -1;
+    for (c += 6; *c == ' ' || *c == '\t'; c++)
+        ;
+    long v = 0;
+    for (; *c >= '0' && *c <= '9'; c++)
+        v = v * 10 + (*c - '0');
+    return v;
+}
+
 void *os_reserve(size_t *size, size_t min, size_t align) {
     size_t want = *size;
     struct rlimit rl;
@@ -114,19 +142,24 @@ void *os_reserve(size_t *size, size_t min, size_t align) {
         while (want > min && want > rl.rlim_cur / 8)
             want >>= 1;
     }
+    long lck0 = os_locked_kb();
     for (; want >= min; want >>= 1) {
         /* Inaccessible first: under mlockall(MCL_FUTURE) a readable mapping
          * would be populated, page tables for every page of it. */
         size_t a = align < want ? align : want; /* over-mapping must stay possible */
         uint8_t *p = os_map_aligned_as(want, a, PROT_NONE, OS_ANON | MAP_NORESERVE);
         if (p == NULL) continue;
-        /* Is it locked (mlockall(MCL_FUTURE))? Making a locked mapping
-         * writable populates it: try on the first page. No probe mapping of
-         * its own, so the reservation stays one mmap. */
-        os_count(OS_MPROTECT);
-        unsigned char v = 0;
-        os_lock_future =
-            mprotect(p, HAK_PAGE_SIZE, OS_RW) == 0 && mincore(p, HAK_PAGE_SIZE, &v) == 0 && (v & 1);
+        /* Is it locked (mlockall(MCL_FUTURE), with or without MCL_ONFAULT)?
+         * Then the kernel counted it as locked memory. */
+        long lck = os_locked_kb();
+        if (lck0 >= 0 && lck >= 0) {
+            os_lock_future = lck - lck0 >= (long)(want / 2048); /* half of it, in KiB */
+        } else { /* no /proc: madvise refuses locked pages, touches none here */
+            os_count(OS_MADVISE);
+            int saved = errno;
+            os_lock_future = madvise(p, HAK_PAGE_SIZE, MADV_DONTNEED) != 0;
+            errno = saved;
+        }
         if (os_lock_future) {
             os_count(OS_MLOCK);
             munlock(p, want);
@@ -136,7 +169,6 @@ void *os_reserve(size_t *size, size_t min, size_t align) {
             os_unmap(p, want);
             continue;
         }
-        if (os_lock_future) os_decommit(p, HAK_PAGE_SIZE); /* the probed page */
         *size = want;
         return p;
     }
@@ -156,13 +188,30 @@ bool os_commit(void *p, size_t size) {
 }
 
 void os_uncommit(void *p, size_t size) {
-    if (os_lock_future) {
-        os_count(OS_MLOCK);
-        munlock(p, size); /* locked pages cannot be dropped */
+    int saved = errno;
+    /* A fresh mapping in place, as the reservation was made (inaccessible
+     * first, unlocked, then read-only): the pages go, and so do the commit
+     * charge (strict overcommit) and the "written" mark that would put
+     * the range in core dumps. */
+    os_count(OS_MMAP);
+    if (mmap(p, size, PROT_NONE, OS_ANON | MAP_FIXED | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
+        if (os_lock_future) {
+            os_count(OS_MLOCK);
+            munlock(p, size);
+        }
+        os_count(OS_MPROTECT);
+        mprotect(p, size, PROT_READ);
+    } else {
+        /* Refused (map count limit): drop the pages where they are. */
+        if (os_lock_future) {
+            os_count(OS_MLOCK);
+            munlock(p, size); /* locked pages cannot be dropped */
+        }
+        os_decommit(p, size);
+        os_count(OS_MPROTECT);
+        mprotect(p, size, PROT_READ);
     }
-    os_decommit(p, size);
-    os_count(OS_MPROTECT);
-    mprotect(p, size, PROT_READ);
+    errno = saved;
 }
 
 bool os_resize(void *p, size_t old_size, size_t new_size) {

@@ -14,8 +14,10 @@ enum os_call { OS_MMAP, OS_MUNMAP, OS_MADVISE, OS_MREMAP, OS_MPROTECT, OS_MLOCK,
  * is aligned to `align` (a power of two >= page). NULL when the OS refuses. */
 void *os_map_aligned(size_t size, size_t align);
 void os_unmap(void *p, size_t size);
-/* Give the pages back; they read as zero when touched again. */
-void os_decommit(void *p, size_t size);
+/* Give the pages back; they read as zero when touched again. false (and
+ * the pages kept, contents and all) when the OS refuses: locked pages
+ * (mlockall). errno is left alone. */
+bool os_decommit(void *p, size_t size);
 /* Ask for transparent huge pages on [p, p+size); false when the kernel
  * refuses (THP off or unsupported), which changes nothing else. */
 bool os_hugepages(void *p, size_t size);
