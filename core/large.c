@@ -35,7 +35,7 @@ struct large_hdr {
  * for reuse), and after twice that it is unmapped: the ages are looked at
  * on the tier's own calls and on malloc_trim. */
 #define LARGE_CLASS_MIN_LG 20
-#define LARGE_NCLASSES     40 /* 2^20 .. 2^30 */
+#define LARGE_NCLASSES     41 /* up to 1 MiB, then four per power of two to 1 GiB */
 #define LARGE_CLASS_N      4  /* entries per class */
 
 struct large_entry {
@@ -50,7 +50,7 @@ struct large_cache {
     size_t bytes;     /* mapped bytes of all entries */
     uint32_t n;       /* entries */
     uint64_t aged_ms; /* last look at the ages */
-    uint64_t decommits, expired;
+    uint64_t decommits;
     uint8_t count[LARGE_NCLASSES];
     struct large_entry e[LARGE_NCLASSES][LARGE_CLASS_N]; /* oldest first */
 };
@@ -130,8 +130,8 @@ static uint32_t large_cache_oldest(struct large_cache *lc) {
     return best;
 }
 
-/* Entries past their age: out of the cache into out[] (to decommit or
- * unmap outside the lock, *unmap[i] saying which); how many. Lock held. */
+/* Entries past their age: out of the cache into out[] (to be decommitted or
+ * unmapped outside the lock by large_cache_retire); how many. Lock held. */
 static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct large_entry *out,
                                    uint32_t max) {
     uint64_t age = hak_cfg.bigcache_age_ms;
@@ -163,18 +163,20 @@ static void large_cache_retire(struct large_entry *out, uint32_t n);
 static size_t large_trim_to(struct large_hdr *h, size_t size, size_t need) {
     size_t keep = hak_align_up(need, HAK_REGION_SIZE);
     if (keep < size) rmap_clear_span((uint8_t *)h + keep, size - keep);
+    int saved = errno; /* a refusal is no failure of malloc */
     if (os_resize(h, size, need)) return need;
+    errno = saved;
     rmap_mark_span(h, size, RMAP_LARGE); /* cannot fail: the leaves exist */
     return size;
 }
 
 /* A cached mapping for `need` bytes at `map_align`, or NULL: the newest one
- * at most 25% bigger, else the smallest bigger one that still has its pages,
- * cut down to `need`. *zeroed when its pages were decommitted (they read as
+ * at most 25% bigger, else the smallest one up to 4x bigger that still has
+ * its pages, cut down to `need`. *zeroed when its pages were decommitted (they read as
  * zero). */
 static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool *zeroed) {
     struct large_cache *lc = &large_cache;
-    struct large_entry old[LARGE_NCLASSES];
+    struct large_entry old[LARGE_NCLASSES * LARGE_CLASS_N];
     struct large_entry got = {0};
     uint32_t c0 = large_class(need), nold;
     hak_lock(&lc->lock);
@@ -189,15 +191,18 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool *z
             break;
         }
     }
-    for (uint32_t c = c0 + 2; c < LARGE_NCLASSES && got.h == NULL; c++) {
+    /* Up to 4x the request: a much bigger mapping is likelier wanted again
+     * at its own size (a recycled scratch buffer) than worth cutting. */
+    for (uint32_t c = c0 + 2; c <= c0 + 8 && c < LARGE_NCLASSES && got.h == NULL; c++) {
         for (uint32_t i = lc->count[c]; i-- > 0;) {
             struct large_entry *e = &lc->e[c][i];
-            if (e->decommitted || ((uintptr_t)e->h & (map_align - 1)) != 0) continue;
+            if (e->decommitted || e->size / 4 > need) continue;
+            if (((uintptr_t)e->h & (map_align - 1)) != 0) continue;
             got = large_cache_remove(lc, c, i);
             break;
         }
     }
-    nold = large_cache_expire(lc, large_now_ms(), old, LARGE_NCLASSES);
+    nold = large_cache_expire(lc, large_now_ms(), old, LARGE_NCLASSES * LARGE_CLASS_N);
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold);
     if (got.h == NULL) return NULL;
@@ -210,7 +215,7 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool *z
 /* Keep h for reuse, evicting the oldest entries to stay in bounds. */
 static void large_cache_put(struct large_hdr *h) {
     struct large_cache *lc = &large_cache;
-    struct large_entry old[LARGE_NCLASSES + 2];
+    struct large_entry old[LARGE_NCLASSES * LARGE_CLASS_N + 1]; /* the whole cache, at worst */
     uint32_t c = large_class(h->map_size), nold = 0;
     size_t budget = hak_cfg.bigcache_bytes;
     if (c >= LARGE_NCLASSES || h->map_size > budget) {
@@ -230,7 +235,7 @@ static void large_cache_put(struct large_hdr *h) {
     lc->e[c][lc->count[c]++] = (struct large_entry){.h = h, .size = h->map_size, .freed_ms = now};
     lc->n++;
     lc->bytes += h->map_size;
-    nold += large_cache_expire(lc, now, old + nold, LARGE_NCLASSES + 2 - nold);
+    nold += large_cache_expire(lc, now, old + nold, LARGE_NCLASSES * LARGE_CLASS_N + 1 - nold);
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold); /* syscalls outside the lock */
 }
@@ -244,7 +249,10 @@ static void large_cache_retire(struct large_entry *out, uint32_t n) {
             large_release(e.h, e.size);
             continue;
         }
-        os_decommit(e.h, e.size);
+        if (!os_decommit(e.h, e.size)) { /* locked (mlockall): its pages cannot go */
+            large_release(e.h, e.size);
+            continue;
+        }
         /* Back in, as old as it was; dropped if the cache filled meanwhile. */
         uint32_t c = large_class(e.size);
         bool kept = false;
