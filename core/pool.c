@@ -25,7 +25,8 @@ struct pool_heap {
 
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* the heap lists */
 static struct pool_heap *pool_heaps_free;                     /* of exited threads */
-static struct pool_heap *pool_heaps_fresh;                    /* never used */
+static size_t pool_parked_bytes;           /* spares of the heaps of exited threads */
+static struct pool_heap *pool_heaps_fresh; /* never used */
 static uint32_t pool_heaps_fresh_n;
 
 static _Atomic uint64_t pool_st_mapped, pool_st_unmapped, pool_st_bytes, pool_st_carved,
@@ -42,6 +43,7 @@ static struct pool_heap *pool_heap_get(void) {
     struct pool_heap *h = pool_heaps_free;
     if (h) {
         pool_heaps_free = h->next_free; /* an exited thread's: its chunks come along */
+        pool_parked_bytes -= h->spare_bytes;
         /* With none left, it grows from the start again, as a new one. */
         if (h->chunks == NULL) h->next_size = (size_t)hak_cfg.pool_arena_mb_init << 20;
     } else {
@@ -286,10 +288,26 @@ void pool_thread_exit(void) {
     pool_cache_return(h);
     pool_heap_tidy(h, false); /* the spares go with the heap to the next thread */
     hak_tc.pool = NULL;
+    /* ...as far as the exited threads' spares stay within twice a heap's
+     * bound together: with many threads gone, what is left goes back. */
+    struct pool_chunk *drop = NULL;
     hak_lock(&pool_lock);
+    while (h->spares && pool_parked_bytes + h->spare_bytes > 2 * pool_spare_max()) {
+        struct pool_chunk *c = h->spares;
+        h->spares = c->all_next;
+        h->spare_bytes -= c->size;
+        c->all_next = drop;
+        drop = c;
+    }
+    pool_parked_bytes += h->spare_bytes;
     h->next_free = pool_heaps_free;
     pool_heaps_free = h;
     hak_unlock(&pool_lock);
+    while (drop) {
+        struct pool_chunk *c = drop;
+        drop = c->all_next;
+        pool_chunk_unmap(c);
+    }
 }
 
 bool pool_trim(void) {
@@ -303,6 +321,7 @@ bool pool_trim(void) {
     hak_lock(&pool_lock);
     for (struct pool_heap *h = pool_heaps_free; h; h = h->next_free)
         any |= pool_heap_tidy(h, true);
+    pool_parked_bytes = 0;
     hak_unlock(&pool_lock);
     return any;
 }

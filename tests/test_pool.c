@@ -390,8 +390,36 @@ static void test_cross_thread_double_free(void **state) {
     free(p);
 }
 
+static void *use_16mib_and_exit(void *arg) {
+    (void)arg;
+    static __thread void *b[512];
+    for (int i = 0; i < 512; i++)
+        b[i] = malloc(32000); /* 16 MiB of Pool blocks */
+    for (int i = 0; i < 512; i++)
+        free(b[i]);
+    return NULL;
+}
+
+static void test_exited_threads_spares_bounded(void **state) {
+    (void)state;
+    malloc_trim(0);
+    struct pool_stats a = pstats();
+    /* 16 threads at once, each with 16 MiB, all exited: their heaps keep
+     * 32 MiB of spares together (4x HAKMEM_POOL_ARENA_MB_MAX), not 16x16. */
+    pthread_t t[16];
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, use_16mib_and_exit, NULL), 0);
+    for (int i = 0; i < 16; i++)
+        pthread_join(t[i], NULL);
+    struct pool_stats b = pstats();
+    assert_true(b.bytes_live - a.bytes_live <= (size_t)32 << 20);
+    malloc_trim(0);
+    assert_true(pstats().bytes_live <= a.bytes_live);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exited_threads_spares_bounded),
         cmocka_unit_test(test_class_map),
         cmocka_unit_test(test_arena_chunks_grow_1_2_4_8),
         cmocka_unit_test(test_arena_sizes_follow_config),
