@@ -2,6 +2,7 @@
 #include "l25.h"
 
 #include "box/arena.h"
+#include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
 
@@ -9,13 +10,15 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 struct l25_shard {
     _Alignas(64) pthread_mutex_t lock;
     struct l25_bundle *partial; /* bundles with free blocks and blocks out */
-    struct l25_bundle *empty;   /* bundles with every block free */
+    /* Bundles with every block free: the committed ones first, newest
+     * first, then the decommitted ones. */
+    struct l25_bundle *empty;
     uint32_t nempty;
-    bool spare; /* the head of `empty` is still committed */
     uint64_t refills, flushes, carved_bytes;
 };
 
@@ -171,30 +174,68 @@ static void l25_list_remove(struct l25_bundle **head, struct l25_bundle *b) {
     if (b->next) b->next->prev = b->prev;
 }
 
-/* b has no block out any more: off the partial list, onto the empty one.
- * Returns the bundle the caller must decommit (or unmap, *unmap set) once
- * the lock is dropped, or NULL. */
-static struct l25_bundle *l25_became_empty(struct l25_shard *s, struct l25_bundle *b, bool *unmap) {
-    if (b->listed) l25_list_remove(&s->partial, b);
-    b->listed = false;
-    if (!s->spare) { /* the shard's one committed spare */
-        l25_list_push(&s->empty, b);
-        s->spare = true;
-        s->nempty++;
-        return NULL;
-    }
-    *unmap = s->nempty >= L25_EMPTY_MAX;
-    return b; /* the caller decommits it and puts it back with l25_park */
+static uint64_t l25_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); /* vDSO: no syscall */
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* Put b, decommitted, on the empty list behind the committed spare. */
+/* Work the shard's empty list asks for, done once the lock is dropped. */
+struct l25_todo {
+    struct l25_bundle *b[L25_EMPTY_MAX + 2];
+    bool unmap[L25_EMPTY_MAX + 2];
+    uint32_t n;
+};
+
+/* Empty bundles stay committed (a working set that empties bundles and
+ * fills them again makes no syscall) until unused for the cache age
+ * (HAKMEM_BIGCACHE_AGE_MS), then are decommitted; past L25_EMPTY_MAX the
+ * oldest is unmapped. Takes those bundles off the list into *t. Shard lock
+ * held. */
+static void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t) {
+    if (s->nempty > L25_EMPTY_MAX) { /* the oldest: the list's last */
+        struct l25_bundle *last = s->empty;
+        while (last->next)
+            last = last->next;
+        l25_list_remove(&s->empty, last);
+        s->nempty--;
+        t->b[t->n] = last;
+        t->unmap[t->n++] = true;
+    }
+    for (struct l25_bundle *b = s->empty, *next; b && b->committed; b = next) {
+        next = b->next;
+        if (now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
+        l25_list_remove(&s->empty, b);
+        s->nempty--;
+        t->b[t->n] = b;
+        t->unmap[t->n++] = false;
+    }
+}
+
+/* b has no block out any more: off the partial list, onto the empty one.
+ * Shard lock held. */
+static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l25_todo *t) {
+    if (b->listed) l25_list_remove(&s->partial, b);
+    b->listed = false;
+    b->committed = true;
+    b->empty_ms = l25_now_ms();
+    l25_list_push(&s->empty, b);
+    s->nempty++;
+    l25_tidy_empty(s, b->empty_ms, t);
+}
+
+/* Put b, decommitted, on the empty list behind the committed ones. */
 static void l25_park(struct l25_shard *s, struct l25_bundle *b) {
     hak_lock(&s->lock);
-    if (s->spare && s->empty) { /* keep the committed spare at the head */
-        b->prev = s->empty;
-        b->next = s->empty->next;
+    b->committed = false;
+    struct l25_bundle *after = NULL;
+    for (struct l25_bundle *e = s->empty; e && e->committed; e = e->next)
+        after = e;
+    if (after) {
+        b->prev = after;
+        b->next = after->next;
         if (b->next) b->next->prev = b;
-        s->empty->next = b;
+        after->next = b;
     } else {
         l25_list_push(&s->empty, b);
     }
@@ -202,17 +243,21 @@ static void l25_park(struct l25_shard *s, struct l25_bundle *b) {
     hak_unlock(&s->lock);
 }
 
-/* Give b (empty, on no list) back: decommitted and parked, or unmapped. */
-static void l25_release(struct l25_shard *s, struct l25_bundle *b, bool unmap) {
-    if (unmap) {
-        l25_bundle_unmap(b);
-        return;
+/* Do what l25_tidy_empty asked: unmap, or decommit and park. No lock held. */
+static void l25_release(struct l25_shard *s, struct l25_todo *t) {
+    for (uint32_t k = 0; k < t->n; k++) {
+        struct l25_bundle *b = t->b[k];
+        if (t->unmap[k]) {
+            l25_bundle_unmap(b);
+            continue;
+        }
+        if (os_decommit(b->base, b->span)) {   /* refused for locked memory (mlockall) */
+            if (b->first) l25_bundle_reset(b); /* its bitmaps went with the pages */
+            if (b->dirty) memset(b->dirty, 0, l25_words(b->nblocks) * sizeof(uint64_t));
+            l25_count_decommit();
+        }
+        l25_park(s, b);
     }
-    os_decommit(b->base, b->span);
-    if (b->first) l25_bundle_reset(b); /* its bitmaps went with the pages */
-    if (b->dirty) memset(b->dirty, 0, l25_words(b->nblocks) * sizeof(uint64_t));
-    l25_count_decommit();
-    l25_park(s, b);
 }
 
 /* ---- taking blocks out --------------------------------------------------------- */
@@ -248,16 +293,17 @@ static uint32_t l25_take_from(struct l25_shard *s, struct l25_bundle *b, void **
  * memory). */
 static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
     struct l25_shard *s = &l25_shards[cls][sh];
+    struct l25_todo todo = {.n = 0};
     hak_lock(&s->lock);
     s->refills++;
     struct l25_bundle *b = s->partial;
-    if (b == NULL && (b = s->empty) != NULL) {
+    if (b == NULL && (b = s->empty) != NULL) { /* a committed one first */
         l25_list_remove(&s->empty, b);
         s->nempty--;
-        s->spare = false; /* the spare, if any, was the head */
         l25_list_push(&s->partial, b);
         b->listed = true;
     }
+    if (s->empty) l25_tidy_empty(s, l25_now_ms(), &todo);
     if (b == NULL) {
         hak_unlock(&s->lock);
         if ((b = l25_bundle_new(cls, sh)) == NULL) return 0;
@@ -267,6 +313,7 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
     }
     uint32_t got = l25_take_from(s, b, out, want);
     hak_unlock(&s->lock);
+    if (todo.n) l25_release(s, &todo);
     return got;
 }
 
@@ -319,21 +366,20 @@ void *l25_alloc_slow(uint32_t cls) {
 static void l25_put(struct l25_bundle *b, void *p) {
     struct l25_shard *s = &l25_shards[b->cls][b->shard];
     size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
-    struct l25_bundle *release = NULL;
-    bool unmap = false;
+    struct l25_todo todo = {.n = 0};
     hak_lock(&s->lock);
     s->flushes++;
     s->carved_bytes -= b->size;
     b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
     if (b->hint > i >> 6) b->hint = (uint32_t)(i >> 6);
     if (++b->navail == b->nblocks - b->first) {
-        release = l25_became_empty(s, b, &unmap);
+        l25_became_empty(s, b, &todo);
     } else if (!b->listed) {
         l25_list_push(&s->partial, b);
         b->listed = true;
     }
     hak_unlock(&s->lock);
-    if (release) l25_release(s, release, unmap); /* syscalls outside the lock */
+    if (todo.n) l25_release(s, &todo); /* syscalls outside the lock */
 }
 
 /* Move the first n blocks of this thread's cache of cls to their bundles. */
@@ -377,22 +423,24 @@ static bool l25_decommit_free(struct l25_bundle *b) {
     if (b->dirty == NULL) return false;
     bool any = false;
     for (uint32_t w = 0; w < l25_words(b->nblocks); w++) {
-        uint64_t bits = b->avail[w] & b->dirty[w];
-        b->dirty[w] &= ~bits;
+        uint64_t bits = b->avail[w];
         while (bits) {
-            /* A run of consecutive free blocks is one call. */
+            /* A run of consecutive free blocks is one call, made when any of
+             * them may hold pages: the pages its ends share with neighbours
+             * that were live at the last trim are in it now. */
             uint32_t i = (uint32_t)__builtin_ctzll(bits);
             uint32_t n = (uint32_t)__builtin_ctzll(~(bits >> i));
-            if (i + n == 64)
-                bits = 0;
-            else
-                bits &= ~(((((uint64_t)1 << n) - 1)) << i);
-            /* Only pages wholly inside the run: its ends share pages with
-             * the neighbouring blocks. */
-            uintptr_t lo =
-                hak_align_up((uintptr_t)b->base + (size_t)(w * 64 + i) * b->stride, HAK_PAGE_SIZE);
-            uintptr_t hi = ((uintptr_t)b->base + (size_t)(w * 64 + i + n) * b->stride) &
-                           ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+            uint64_t run = n == 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1) << i;
+            bits &= ~run;
+            if (!(b->dirty[w] & run)) continue;
+            b->dirty[w] &= ~run;
+            /* Only pages wholly inside the run (and the unused tail after
+             * the last block): its ends share pages with live neighbours. */
+            size_t first = (size_t)w * 64 + i, last = first + n;
+            uintptr_t lo = hak_align_up((uintptr_t)b->base + first * b->stride, HAK_PAGE_SIZE);
+            uintptr_t hi = last == b->nblocks ? (uintptr_t)b->base + b->span
+                                              : ((uintptr_t)b->base + last * b->stride) &
+                                                    ~(uintptr_t)(HAK_PAGE_SIZE - 1);
             if (hi > lo) os_decommit((void *)lo, hi - lo);
             any = true;
         }
@@ -409,7 +457,6 @@ bool l25_trim(void) {
             struct l25_bundle *empty = s->empty;
             s->empty = NULL;
             s->nempty = 0;
-            s->spare = false;
             for (struct l25_bundle *b = s->partial; b; b = b->next)
                 released |= l25_decommit_free(b);
             hak_unlock(&s->lock);

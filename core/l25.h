@@ -16,9 +16,11 @@
  *
  * Each class has L25_SHARDS shards (a lock, the bundles with free blocks, the
  * empty bundles); a thread draws its blocks from one shard, so threads rarely
- * meet on a lock. An empty bundle stays as its shard's one committed spare;
- * further ones are decommitted, and unmapped past L25_EMPTY_MAX; malloc_trim
- * unmaps them all and decommits the free blocks of partly used bundles.
+ * meet on a lock. An empty bundle stays committed until it has been unused
+ * for HAKMEM_BIGCACHE_AGE_MS (looked at when the shard is used), then is
+ * decommitted; past L25_EMPTY_MAX empty bundles in a shard the oldest is
+ * unmapped. malloc_trim unmaps them all and decommits the free blocks of
+ * partly used bundles.
  *
  * The tier also serves, one block at a time and uncached, blocks of the other
  * tiers' classes that those cannot: Tiny classes past a full SuperSlab range,
@@ -36,7 +38,7 @@
 #include <stdbool.h>
 
 #define L25_SHARDS      4      /* plus one more, of uncoloured bundles, for aligned requests */
-#define L25_EMPTY_MAX   4      /* empty bundles a shard keeps (one committed) */
+#define L25_EMPTY_MAX   4      /* empty bundles a shard keeps */
 #define L25_MAX_BUNDLES 65536u /* descriptors: 128 GiB of bundles at least */
 
 struct l25_bundle {
@@ -53,6 +55,8 @@ struct l25_bundle {
     uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
     uint32_t shard;
     bool listed;                    /* on the shard's partial list */
+    bool committed;                 /* empty, its pages not given back yet */
+    uint64_t empty_ms;              /* when it last became empty */
     struct l25_bundle *next, *prev; /* partial or empty list; free descriptors */
     /* The bitmaps of a bundle of at most 64 blocks. */
     _Atomic uint64_t live1;

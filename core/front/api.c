@@ -30,8 +30,10 @@ static void *front_aligned(size_t align, size_t n) {
         /* Pool blocks follow 16-byte headers: aligned only to 16. */
         while ((cls >= POOL_FIRST && cls < POOL_END) || (small_class_size[cls] & (align - 1)))
             cls++;
-        /* L2.5 blocks are coloured (one cache line apart) but for these. */
-        return cls < TINY_NCLASSES ? tiny_alloc(cls) : l25_alloc_aligned(cls);
+        if (cls < TINY_NCLASSES) return tiny_alloc(cls);
+        /* Coloured L2.5 blocks (one stride of size + 64 apart, sizes multiples
+         * of 4 KiB) are 64-byte aligned; for more, uncoloured ones. */
+        return align <= 64 ? l25_alloc(cls) : l25_alloc_aligned(cls);
     }
     return large_alloc(n, align, false);
 }
