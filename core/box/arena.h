@@ -16,8 +16,8 @@
 /* The SuperSlab half: false when no reservation could be made. */
 bool arena_ss_range(uintptr_t *base, size_t *span);
 
-/* `size` bytes (a page multiple, at most 8 MiB), readable, writable and
- * zero, starting on a 2 MiB boundary. From the upper half while it has
+/* `size` bytes (a page multiple), readable, writable and zero, starting
+ * on a 2 MiB boundary. From the upper half while it has
  * room, else a mapping of its own; NULL when the OS refuses both. */
 void *arena_alloc(size_t size);
 /* Give back what arena_alloc returned (same size). */
