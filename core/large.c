@@ -171,10 +171,11 @@ static size_t large_trim_to(struct large_hdr *h, size_t size, size_t need) {
 }
 
 /* A cached mapping for `need` bytes at `map_align`, or NULL: the newest one
- * at most 25% bigger, else the smallest one up to 4x bigger that still has
- * its pages, cut down to `need`. *zeroed when its pages were decommitted (they read as
- * zero). */
-static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool *zeroed) {
+ * at most 25% bigger, else the smallest one up to 4x bigger (with
+ * `any_bigger`, of any size) that still has its pages, cut down to `need`.
+ * *zeroed when its pages were decommitted (they read as zero). */
+static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool any_bigger,
+                                          bool *zeroed) {
     struct large_cache *lc = &large_cache;
     struct large_entry old[LARGE_NCLASSES * LARGE_CLASS_N];
     struct large_entry got = {0};
@@ -192,11 +193,12 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool *z
         }
     }
     /* Up to 4x the request: a much bigger mapping is likelier wanted again
-     * at its own size (a recycled scratch buffer) than worth cutting. */
-    for (uint32_t c = c0 + 2; c <= c0 + 8 && c < LARGE_NCLASSES && got.h == NULL; c++) {
+     * at its own size (a recycled scratch buffer) than worth cutting; but
+     * for a block that realloc grows, any. */
+    for (uint32_t c = c0 + 2; c < LARGE_NCLASSES && got.h == NULL; c++) {
         for (uint32_t i = lc->count[c]; i-- > 0;) {
             struct large_entry *e = &lc->e[c][i];
-            if (e->decommitted || e->size / 4 > need) continue;
+            if (e->decommitted || (!any_bigger && e->size / 4 > need)) continue;
             if (((uintptr_t)e->h & (map_align - 1)) != 0) continue;
             got = large_cache_remove(lc, c, i);
             break;
@@ -276,7 +278,7 @@ static void large_cache_retire(struct large_entry *out, uint32_t n) {
     }
 }
 
-void *large_alloc(size_t size, size_t align, bool zero) {
+static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
     size_t off = large_offset(align);
     if (off > HAK_MAX_REQUEST / 2 || size > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
         errno = ENOMEM;
@@ -288,7 +290,7 @@ void *large_alloc(size_t size, size_t align, bool zero) {
     size_t map_align = large_map_align(align);
 
     bool zeroed = false;
-    struct large_hdr *h = large_cache_take(need, map_align, &zeroed);
+    struct large_hdr *h = large_cache_take(need, map_align, growing, &zeroed);
     bool dirty = h != NULL && !zeroed;
     if (h) {
         large_add(&large_n_hits, 1);
@@ -304,6 +306,14 @@ void *large_alloc(size_t size, size_t align, bool zero) {
     large_add(&large_live_blocks, 1);
     large_add(&large_live_bytes, (int64_t)h->map_size);
     return h->user;
+}
+
+void *large_alloc(size_t size, size_t align, bool zero) {
+    return large_alloc_as(size, align, zero, false);
+}
+
+void *large_alloc_growing(size_t size) {
+    return large_alloc_as(size, HAK_MIN_ALIGN, false, true);
 }
 
 /* The live header for p, or abort naming p. */
@@ -411,10 +421,6 @@ void large_fork_parent(void) {
 }
 void large_fork_child(void) {
     pthread_mutex_init(&large_cache.lock, NULL);
-}
-
-uint64_t large_live_count(void) {
-    return atomic_load_explicit(&large_live_blocks, memory_order_relaxed);
 }
 
 void large_get_stats(struct large_stats *s) {

@@ -16,6 +16,10 @@
  * zeroed when `zero`. NULL with errno ENOMEM on failure. Any size works, but
  * the front sends only what the smaller tiers cannot serve. */
 void *large_alloc(size_t size, size_t align, bool zero);
+/* large_alloc for a block that realloc grows out of a smaller tier: it may
+ * take over any bigger cached mapping, cut down (the rest of a buffer freed
+ * earlier, which its growth is likely to need again). */
+void *large_alloc_growing(size_t size);
 /* p's region entry said RMAP_LARGE; `fn` names the API call for errors. */
 void large_free(void *p, uint32_t entry, const char *fn);
 size_t large_usable_size(const void *p, uint32_t entry, const char *fn);
@@ -36,7 +40,5 @@ struct large_stats {
     uint64_t cache_decommits; /* cached mappings whose pages were given back */
 };
 void large_get_stats(struct large_stats *s);
-/* Large blocks live now (each one a mapping). */
-uint64_t large_live_count(void);
 
 #endif

@@ -371,7 +371,7 @@ static void test_uncached_blocks_of_other_classes(void **state) {
 static void test_growing_realloc_leaves_room(void **state) {
     (void)state;
     /* A block grown into the tier gets room for half as much again, so the
-     * next growth step of a buffer stays in place... */
+     * next growth step of a buffer stays in place. */
     uint8_t *p = malloc(40000);
     memset(p, 0x21, 40000);
     p = realloc(p, 70000);
@@ -380,49 +380,19 @@ static void test_growing_realloc_leaves_room(void **state) {
     assert_ptr_equal(q, p);
     for (size_t k = 0; k < 40000; k += 997)
         assert_int_equal(q[k], 0x21);
-    /* From 256 KiB a growing block becomes a mapping of its own, which then
-     * grows without copying and stays one while it is at least 256 KiB. */
-    q = realloc(q, 300000);
-    assert_int_equal(rmap_kind_of(rmap_get(q)), RMAP_LARGE);
-    for (size_t k = 0; k < 40000; k += 997)
-        assert_int_equal(q[k], 0x21);
-    q = realloc(q, 700000);
-    assert_int_equal(rmap_kind_of(rmap_get(q)), RMAP_LARGE);
-    q = realloc(q, 5u << 20);
-    assert_int_equal(rmap_kind_of(rmap_get(q)), RMAP_LARGE);
+    /* Near the top of the tier, the room stops at 1 MiB; past it, a Large
+     * block. */
+    q = realloc(q, 900000);
+    assert_int_equal(malloc_usable_size(q), 1u << 20);
     assert_int_equal(q[39999], 0x21);
-    q = realloc(q, 100000); /* shrunk below 256 KiB: back to the tier */
-    assert_int_equal(rmap_kind_of(rmap_get(q)), RMAP_L25);
+    q = realloc(q, 3u << 20);
+    assert_int_equal(rmap_kind_of(rmap_get(q)), RMAP_LARGE);
     assert_int_equal(q[39999], 0x21);
     free(q);
-    /* A malloc'ed 300 KB block is no mapping: only growth moves blocks. */
-    void *m = malloc(300000);
-    assert_int_equal(rmap_kind_of(rmap_get(m)), RMAP_L25);
-    free(m);
     /* A malloc of the same size gets no room. */
     void *r = malloc(70000);
     assert_int_equal(malloc_usable_size(r), small_class_size[small_class_of(70000)]);
     free(r);
-}
-
-static void test_growth_stays_in_tier_when_mappings_abound(void **state) {
-    (void)state;
-    /* With 4096 Large blocks live (4096 mappings), a growing block stays in
-     * the tier rather than take one more of the kernel's map count. */
-    enum { N = 4096 };
-    void **big = malloc(N * sizeof *big);
-    for (int i = 0; i < N; i++)
-        assert_non_null(big[i] = malloc((1u << 20) + 4096));
-    uint8_t *q = malloc(200000);
-    q[0] = 9;
-    q = realloc(q, 300000);
-    assert_int_equal(rmap_kind_of(rmap_get(q)), RMAP_L25);
-    assert_int_equal(q[0], 9);
-    free(q);
-    for (int i = 0; i < N; i++)
-        free(big[i]);
-    free(big);
-    malloc_trim(0);
 }
 
 static void *boundary_trim(void *arg) {
@@ -478,7 +448,6 @@ int main(void) {
         cmocka_unit_test(test_threads_use_different_shards),
         cmocka_unit_test(test_uncached_blocks_of_other_classes),
         cmocka_unit_test(test_growing_realloc_leaves_room),
-        cmocka_unit_test(test_growth_stays_in_tier_when_mappings_abound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -296,6 +296,17 @@ static void test_bigger_entry_cut_down_keeps_its_pages(void **state) {
     assert_ptr_equal(malloc(40 * MiB), big);
     free(small);
     free(big);
+    /* But a block that realloc grows out of the L2.5 tier takes it over:
+     * the freed buffer's mapping, which its growth will want again. */
+    malloc_trim(0);
+    big = malloc(40 * MiB);
+    free(big);
+    uint8_t *grow = malloc(900000);
+    memset(grow, 0x42, 900000);
+    uint8_t *g2 = realloc(grow, 2 * MiB);
+    assert_ptr_equal(g2 - 64, big - 64);
+    assert_int_equal(g2[899999], 0x42);
+    free(g2);
 }
 
 static void test_eviction_of_the_whole_cache(void **state) {

@@ -75,9 +75,6 @@ static void *front_move(void *p, size_t keep, size_t n) {
     return q;
 }
 
-#define FRONT_GROW_TO_LARGE ((size_t)256 << 10)
-#define FRONT_GROW_MAX_MAPS 4096
-
 /* realloc of a valid block of class cls. */
 static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
     size_t have = small_class_size[cls];
@@ -85,18 +82,13 @@ static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
     if (n <= have && small_class_of(n) + 4 > cls) return p;
     if (n > have && n > POOL_MAX) {
         /* A block growing past the Pool tier is likely to grow on (a buffer,
-         * a vector). From 256 KiB it moves to a mapping of its own, which
-         * further growth extends with mremap, never copying again (unless
-         * the program already holds many mappings: each costs one of the
-         * kernel's vm.max_map_count). Below, room for half as much again
-         * saves every other copy; the slack's pages are touched only if
-         * used. */
+         * a vector): room for as much again saves copies (a buffer grown by
+         * 1.5x copies every other step), and the slack's pages are touched
+         * only if used. Past the L2.5 tier it becomes a Large block, which
+         * may take over a bigger cached mapping to grow into. */
         int saved = errno; /* a refusal here is no failure of realloc */
-        void *q = NULL;
-        if (n >= FRONT_GROW_TO_LARGE && large_live_count() < FRONT_GROW_MAX_MAPS)
-            q = large_alloc(n, HAK_MIN_ALIGN, false);
-        else if (n < HAK_SMALL_MAX)
-            q = front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
+        void *q = n > HAK_SMALL_MAX ? large_alloc_growing(n)
+                                    : front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
         if (q) {
             memcpy(q, p, have);
             front_free(p, "realloc");
@@ -124,8 +116,7 @@ static void *front_realloc(void *p, size_t n) {
     case RMAP_L25:
         return front_realloc_class(p, l25_class_of(p, e, "realloc"), n);
     case RMAP_LARGE:
-        /* Blocks grown out of the smaller tiers stay mappings from 256 KiB. */
-        if (n >= FRONT_GROW_TO_LARGE) return large_realloc(p, e, n);
+        if (n > HAK_SMALL_MAX) return large_realloc(p, e, n);
         return front_move(p, large_usable_size(p, e, "realloc"), n);
     default:
         diag_bad_pointer("realloc", "invalid pointer", p);
