@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Helpers sourced by bench/run.sh and bench/instr.sh.
+# Helpers sourced by bench/run.sh, bench/syscalls.sh and bench/instr.sh.
 
 # Print the path of a shared library: ldconfig's cache first, then the files of
 # the Debian package, then the usual multiarch directory.
@@ -12,4 +12,24 @@ find_lib() {
     [ -z "$p" ] && p=/usr/lib/x86_64-linux-gnu/$soname
     [ -r "$p" ] && echo "$p"
     return 0
+}
+
+# Fill the arrays wl_names and wl_specs from the caller's workload_table (one
+# "NAME SPEC" per line, # comments), keeping names that match $WORKLOADS (an
+# extended regex; all when empty). Exits 2 when none is left; $1 names the
+# calling script in that message.
+read_workloads() {
+    local name spec
+    wl_names=()
+    wl_specs=()
+    while read -r name spec; do
+        [[ -z $name || $name == \#* ]] && continue
+        if [[ -n ${WORKLOADS:-} ]] && ! grep -Eq -- "$WORKLOADS" <<<"$name"; then continue; fi
+        wl_names+=("$name")
+        wl_specs+=("$spec")
+    done < <(workload_table)
+    if [ "${#wl_names[@]}" -eq 0 ]; then
+        echo "$1: no workload matches WORKLOADS='${WORKLOADS:-}'" >&2
+        exit 2
+    fi
 }

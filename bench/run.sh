@@ -68,18 +68,9 @@ realloc_growth_16-1m        HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=10485
 EOF
 }
 
-wl_names=()
-wl_specs=()
-while read -r name spec; do
-    [[ -z $name || $name == \#* ]] && continue
-    if [[ -n $WORKLOADS ]] && ! grep -Eq -- "$WORKLOADS" <<<"$name"; then continue; fi
-    wl_names+=("$name")
-    wl_specs+=("$spec")
-done < <(workload_table)
-if [ "${#wl_names[@]}" -eq 0 ]; then
-    echo "bench/run.sh: no workload matches WORKLOADS='$WORKLOADS'" >&2
-    exit 2
-fi
+# shellcheck source=bench/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+read_workloads bench/run.sh
 
 # Binary of a workload spec: the first word without '='.
 spec_binary() {
@@ -108,9 +99,7 @@ mapfile -t bins < <(printf '%s\n' "${bins[@]}" | sort -u)
 make --no-print-directory -s "${bins[@]}"
 
 # ---- allocators ---------------------------------------------------------------
-# find_lib SONAME PACKAGE: path of an allocator library
-# shellcheck source=bench/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# find_lib SONAME PACKAGE (bench/lib.sh, sourced above): path of an allocator library
 
 pkg_version() { dpkg-query -W -f '${Version}' "$1" 2>/dev/null || echo unknown; }
 
