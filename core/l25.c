@@ -193,7 +193,11 @@ struct l25_todo {
  * oldest is unmapped. Takes those bundles off the list into *t. Shard lock
  * held. */
 static void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t) {
-    if (s->nempty > L25_EMPTY_MAX) { /* the oldest: the list's last */
+    const uint32_t room = sizeof t->b / sizeof t->b[0];
+    /* Bundles being decommitted are off the list and come back later, so
+     * nempty can pass the bound by more than one: trim to it, as far as
+     * *t has room (the next call takes the rest). */
+    while (s->nempty > L25_EMPTY_MAX && t->n < room) { /* the oldest: the list's last */
         struct l25_bundle *last = s->empty;
         while (last->next)
             last = last->next;
@@ -202,7 +206,7 @@ static void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t
         t->b[t->n] = last;
         t->unmap[t->n++] = true;
     }
-    for (struct l25_bundle *b = s->empty, *next; b && b->committed; b = next) {
+    for (struct l25_bundle *b = s->empty, *next; b && b->committed && t->n < room; b = next) {
         next = b->next;
         if (now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
         l25_list_remove(&s->empty, b);

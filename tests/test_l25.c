@@ -429,6 +429,45 @@ static void test_trim_decommits_shared_pages_later(void **state) {
     run_in_thread(boundary_trim, NULL);
 }
 
+static void *churn(void *arg) {
+    (void)arg;
+    enum { N = 90 };
+    void *b[N];
+    for (int round = 0; round < 150; round++) {
+        int n = 10 + (round * 7) % (N - 10); /* working sets of 10 .. 89 blocks */
+        for (int i = 0; i < n; i++) {
+            b[i] = malloc(60000 + (size_t)(i % 3) * 70000);
+            ((uint8_t *)b[i])[0] = (uint8_t)i;
+        }
+        for (int i = 0; i < n; i++) {
+            if (((uint8_t *)b[i])[0] != (uint8_t)i) abort();
+            free(b[i]);
+        }
+        l25_thread_flush();
+    }
+    return NULL;
+}
+
+static void test_concurrent_empty_bundles(void **state) {
+    (void)state;
+    /* Threads empty and refill bundles of shared shards while empty ones
+     * age out within a millisecond: decommits, parks and unmaps race with
+     * takes. Afterwards every bundle is accounted for. */
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    hak_cfg.bigcache_age_ms = 1;
+    pthread_t t[6];
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, churn, NULL), 0);
+    for (int i = 0; i < 6; i++)
+        pthread_join(t[i], NULL);
+    hak_cfg.bigcache_age_ms = age;
+    malloc_trim(0);
+    struct l25_stats st = stats();
+    assert_int_equal(st.carved_bytes, 0);
+    assert_int_equal(st.bytes_mapped, 0);
+    assert_int_equal(st.bundles_mapped, st.bundles_unmapped);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
@@ -448,6 +487,7 @@ int main(void) {
         cmocka_unit_test(test_threads_use_different_shards),
         cmocka_unit_test(test_uncached_blocks_of_other_classes),
         cmocka_unit_test(test_growing_realloc_leaves_room),
+        cmocka_unit_test(test_concurrent_empty_bundles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
