@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "box/os.h"
+#include "hakmem.h"
 #include "sizes.h"
 
 #include "maps.h"
@@ -198,10 +199,41 @@ static void test_reserve_under_mlockall_onfault(void **state) {
     if (WEXITSTATUS(st) != 0) fail_msg("child exit %d (see the test)", WEXITSTATUS(st));
 }
 
+/* A child of a process under mlockall(MCL_FUTURE) is not under it (fork(2)):
+ * what it commits must not be locked by hakmem either. */
+static void test_fork_child_not_locked(void **state) {
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        hak_free(hak_malloc(16)); /* hakmem started: its fork handlers are in */
+        if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) _exit(77);
+        size_t size = (size_t)8 << 30;
+        uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
+        if (r == NULL) _exit(2);
+        pid_t g = fork(); /* hakmem's fork handlers run */
+        if (g < 0) _exit(3);
+        if (g == 0) {
+            long lck0 = status_kb("VmLck:");
+            if (!os_commit(r, HAK_REGION_SIZE)) _exit(4);
+            _exit(status_kb("VmLck:") - lck0 >= 2048 ? 5 : 0);
+        }
+        int gs;
+        if (waitpid(g, &gs, 0) != g || !WIFEXITED(gs)) _exit(6);
+        _exit(WEXITSTATUS(gs));
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77) skip();
+    if (WEXITSTATUS(st) != 0) fail_msg("child exit %d (see the test)", WEXITSTATUS(st));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_map_aligned_honours_alignment),
         cmocka_unit_test(test_reserve_under_mlockall_onfault),
+        cmocka_unit_test(test_fork_child_not_locked),
         cmocka_unit_test(test_counts_every_kind),
         cmocka_unit_test(test_decommit_reads_zero),
         cmocka_unit_test(test_resize_in_place_keeps_contents),

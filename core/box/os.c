@@ -12,6 +12,7 @@
 #include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static _Atomic uint64_t os_counts[OS_NCALLS];
@@ -54,8 +55,11 @@ bool os_decommit(void *p, size_t size) {
 }
 
 bool os_hugepages(void *p, size_t size) {
+    int saved = errno; /* a refusal is no failure of malloc */
     os_count(OS_MADVISE);
-    return madvise(p, size, MADV_HUGEPAGE) == 0;
+    bool ok = madvise(p, size, MADV_HUGEPAGE) == 0;
+    errno = saved;
+    return ok;
 }
 
 static uintptr_t os_hint_start(void) {
@@ -112,14 +116,16 @@ void *os_map_aligned(size_t size, size_t align) {
  * asked, while the read-only reservation stays unlocked. */
 static bool os_lock_future;
 
-/* VmLck of /proc/self/status in KiB, -1 when unreadable. Without stdio:
- * this runs inside malloc. */
+/* VmLck of /proc/self/status in KiB, -1 when unreadable. Without stdio
+ * and without libc's open/read/close: this runs inside malloc, under
+ * allocator locks, and another preloaded library's wrapper of those that
+ * allocates would deadlock (they are cancellation points, too). */
 static long os_locked_kb(void) {
     int saved = errno;
-    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    long fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/status", O_RDONLY | O_CLOEXEC);
     char buf[4096];
-    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
-    if (fd >= 0) close(fd);
+    long n = fd >= 0 ? syscall(SYS_read, fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0) syscall(SYS_close, fd);
     errno = saved;
     if (n <= 0) return -1;
     buf[n] = '\0';
@@ -133,7 +139,13 @@ static long os_locked_kb(void) {
     return v;
 }
 
+void os_fork_child(void) {
+    /* mlockall's MCL_FUTURE is not inherited by a child (fork(2)). */
+    os_lock_future = false;
+}
+
 void *os_reserve(size_t *size, size_t min, size_t align) {
+    int saved = errno; /* refused bigger tries are no failure */
     size_t want = *size;
     struct rlimit rl;
     if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
@@ -170,6 +182,7 @@ void *os_reserve(size_t *size, size_t min, size_t align) {
             continue;
         }
         *size = want;
+        errno = saved;
         return p;
     }
     return NULL;

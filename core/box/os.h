@@ -46,4 +46,7 @@ void os_uncommit(void *p, size_t size);
 
 uint64_t os_calls(enum os_call kind);
 
+/* Fork child: what the parent learnt of mlockall does not hold there. */
+void os_fork_child(void);
+
 #endif

@@ -3,6 +3,7 @@
 #include "box/arena.h"
 #include "box/config.h"
 #include "box/lock.h"
+#include "box/os.h"
 #include "box/stats.h"
 #include "large.h"
 #include "pool.h"
@@ -67,6 +68,7 @@ static void life_fork_parent(void) {
 
 static void life_fork_child(void) {
     hak_in_fork = false;
+    os_fork_child();
     arena_fork_child();
     large_fork_child();
     l25_fork_child();
