@@ -87,8 +87,9 @@ static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
          * only if used. Past the L2.5 tier it becomes a Large block, which
          * may take over a bigger cached mapping to grow into. */
         int saved = errno; /* a refusal here is no failure of realloc */
-        void *q = n > HAK_SMALL_MAX ? large_alloc_growing(n)
-                                    : front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
+        void *q = n > HAK_SMALL_MAX
+                      ? large_alloc_growing(n)
+                      : front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
         if (q) {
             memcpy(q, p, have);
             front_free(p, "realloc");
