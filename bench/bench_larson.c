@@ -96,28 +96,12 @@ static uint64_t rounds, min_size, span;
 static pthread_barrier_t edge_barrier;    /* main + workers: start and end of the timed phase */
 static struct spin_barrier round_barrier; /* workers: end of each round */
 
-static void corrupted(const unsigned char *p, uint32_t n) {
-    fprintf(stderr, "bench_larson: block %p (size %" PRIu32 ") corrupted\n", (const void *)p, n);
-    _exit(1); /* other threads may be mid-round: leave at once */
-}
-
-static unsigned char *alloc_block(uint32_t n, unsigned char tag) {
-    unsigned char *p = malloc(n);
-    if (p == NULL) {
-        fprintf(stderr, "bench_larson: malloc(%" PRIu32 ") failed\n", n);
-        _exit(1);
-    }
-    p[0] = tag;
-    p[n - 1] = tag;
-    return p;
-}
-
 /* Check and free slot k's block (adding it to the chunk's checksum), as the
  * workers' loop does. */
 static void release_slot(struct chunk *c, uint32_t k) {
     unsigned char *old = c->blk[k];
     uint32_t oldn = c->len[k];
-    if (old[0] != c->tag[k] || old[oldn - 1] != c->tag[k]) corrupted(old, oldn);
+    bench_check_tagged("bench_larson", old, oldn, c->tag[k]);
     c->check += old[0] + oldn;
     free(old);
 }
@@ -139,10 +123,10 @@ static void *worker(void *arg) {
             unsigned char tag = (unsigned char)(x >> 24);
             unsigned char *old = blk[k];
             uint32_t oldn = len[k];
-            if (old[0] != tags[k] || old[oldn - 1] != tags[k]) corrupted(old, oldn);
+            bench_check_tagged("bench_larson", old, oldn, tags[k]);
             check += old[0] + oldn;
             free(old);
-            blk[k] = alloc_block(n, tag);
+            blk[k] = bench_alloc_tagged("bench_larson", n, tag);
             len[k] = n;
             tags[k] = tag;
         }
@@ -217,7 +201,7 @@ int main(int argc, char **argv) {
             uint64_t x = bench_rng_next(&c->rng);
             uint32_t n = (uint32_t)(min_size + bench_bounded((uint32_t)x, span));
             unsigned char tag = (unsigned char)(x >> 24);
-            c->blk[k] = alloc_block(n, tag);
+            c->blk[k] = bench_alloc_tagged("bench_larson", n, tag);
             c->len[k] = n;
             c->tag[k] = tag;
         }

@@ -45,23 +45,6 @@ static uint64_t iters, ws, min_size, span;
 static uint32_t nthreads;
 static pthread_barrier_t edge_barrier; /* main + workers: start and end of the timed phase */
 
-static void corrupted(const unsigned char *p, uint32_t n) {
-    fprintf(stderr, "bench_mid_large_mt: block %p (size %" PRIu32 ") corrupted\n", (const void *)p,
-            n);
-    _exit(1); /* other threads may be mid-loop: leave at once */
-}
-
-static unsigned char *alloc_block(uint32_t n, unsigned char tag) {
-    unsigned char *p = malloc(n);
-    if (p == NULL) {
-        fprintf(stderr, "bench_mid_large_mt: malloc(%" PRIu32 ") failed\n", n);
-        _exit(1);
-    }
-    p[0] = tag;
-    p[n - 1] = tag;
-    return p;
-}
-
 static void *worker(void *arg) {
     struct worker_state *w = arg;
     unsigned char **blk = malloc(ws * sizeof *blk);
@@ -76,7 +59,7 @@ static void *worker(void *arg) {
         uint64_t x = bench_rng_next(&rng);
         uint32_t n = (uint32_t)(min_size + bench_bounded((uint32_t)x, span));
         unsigned char tag = (unsigned char)(x >> 24);
-        blk[k] = alloc_block(n, tag);
+        blk[k] = bench_alloc_tagged("bench_mid_large_mt", n, tag);
         len[k] = n;
         tags[k] = tag;
     }
@@ -89,10 +72,10 @@ static void *worker(void *arg) {
         unsigned char tag = (unsigned char)(x >> 24);
         unsigned char *old = blk[k];
         uint32_t oldn = len[k];
-        if (old[0] != tags[k] || old[oldn - 1] != tags[k]) corrupted(old, oldn);
+        bench_check_tagged("bench_mid_large_mt", old, oldn, tags[k]);
         check += old[0] + oldn;
         free(old);
-        blk[k] = alloc_block(n, tag);
+        blk[k] = bench_alloc_tagged("bench_mid_large_mt", n, tag);
         len[k] = n;
         tags[k] = tag;
     }
@@ -100,7 +83,7 @@ static void *worker(void *arg) {
 
     /* Untimed: check and free what is left. */
     for (uint64_t k = 0; k < ws; k++) {
-        if (blk[k][0] != tags[k] || blk[k][len[k] - 1] != tags[k]) corrupted(blk[k], len[k]);
+        bench_check_tagged("bench_mid_large_mt", blk[k], len[k], tags[k]);
         check += blk[k][0] + len[k];
         free(blk[k]);
     }

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 /* splitmix64: fast, full-period 64-bit generator; plenty for benchmarking. */
 static inline uint64_t bench_rng_next(uint64_t *state) {
@@ -59,6 +60,28 @@ static inline double bench_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Tagged blocks, for the benches whose threads share no state: a block of n
+ * bytes whose first and last byte are `tag`, checked before it is freed. A
+ * failure ends the process at once (_exit: other threads may be mid-loop),
+ * with a line naming `prog`. */
+static inline unsigned char *bench_alloc_tagged(const char *prog, uint32_t n, unsigned char tag) {
+    unsigned char *p = malloc(n);
+    if (p == NULL) {
+        fprintf(stderr, "%s: malloc(%" PRIu32 ") failed\n", prog, n);
+        _exit(1);
+    }
+    p[0] = tag;
+    p[n - 1] = tag;
+    return p;
+}
+
+static inline void bench_check_tagged(const char *prog, const unsigned char *p, uint32_t n,
+                                      unsigned char tag) {
+    if (p[0] == tag && p[n - 1] == tag) return;
+    fprintf(stderr, "%s: block %p (size %" PRIu32 ") corrupted\n", prog, (const void *)p, n);
+    _exit(1);
 }
 
 /* The lines bench/run.sh reads: throughput of `ops` in `elapsed` seconds and
