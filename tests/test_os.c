@@ -141,92 +141,91 @@ static long status_kb(const char *key) {
     return v;
 }
 
-/* Under mlockall(MCL_FUTURE) a reservation must not be populated (page
- * tables for all of it), but what is committed is locked, as the program
- * asked. In a child: mlockall is for the whole process. */
-static void test_reserve_under_mlockall(void **state) {
-    (void)state;
+/* Run body in a child (mlockall is for the whole process): its exit code
+ * is body's result, 0 for success, 77 to skip (not allowed here), else the
+ * number of the step that failed (see the body). */
+static void in_child(int (*body)(void)) {
     pid_t pid = fork();
     assert_true(pid >= 0);
-    if (pid == 0) {
-        if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) _exit(77); /* not allowed here */
-        long lck0 = status_kb("VmLck:"), pte0 = status_kb("VmPTE:");
-        size_t size = (size_t)8 << 30;
-        uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
-        if (r == NULL) _exit(2);
-        long lck1 = status_kb("VmLck:"), pte1 = status_kb("VmPTE:");
-        /* 8 GiB populated would lock 8 GiB and take 16 MiB of page tables. */
-        if (lck1 - lck0 > 4096 || pte1 - pte0 > 1024) _exit(3);
-        if (!os_commit(r, HAK_REGION_SIZE)) _exit(4);
-        long lck2 = status_kb("VmLck:");
-        if (lck2 - lck1 < 2048) _exit(5); /* the committed 2 MiB is locked */
-        os_uncommit(r, HAK_REGION_SIZE);
-        if (!maps_given_back(r, HAK_REGION_SIZE)) _exit(6);
-        _exit(0);
-    }
+    if (pid == 0) _exit(body());
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st));
     if (WEXITSTATUS(st) == 77) skip();
     if (WEXITSTATUS(st) != 0) fail_msg("child exit %d (see the test)", WEXITSTATUS(st));
+}
+
+/* Under mlockall(MCL_FUTURE) a reservation must not be populated (page
+ * tables for all of it), but what is committed is locked, as the program
+ * asked. In a child: mlockall is for the whole process. */
+static int test_reserve_under_mlockall_child(void) {
+    if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) return 77; /* not allowed here */
+    long lck0 = status_kb("VmLck:"), pte0 = status_kb("VmPTE:");
+    size_t size = (size_t)8 << 30;
+    uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
+    if (r == NULL) return 2;
+    long lck1 = status_kb("VmLck:"), pte1 = status_kb("VmPTE:");
+    /* 8 GiB populated would lock 8 GiB and take 16 MiB of page tables. */
+    if (lck1 - lck0 > 4096 || pte1 - pte0 > 1024) return 3;
+    if (!os_commit(r, HAK_REGION_SIZE)) return 4;
+    long lck2 = status_kb("VmLck:");
+    if (lck2 - lck1 < 2048) return 5; /* the committed 2 MiB is locked */
+    os_uncommit(r, HAK_REGION_SIZE);
+    if (!maps_given_back(r, HAK_REGION_SIZE)) return 6;
+    return 0;
+}
+
+static void test_reserve_under_mlockall(void **state) {
+    (void)state;
+    in_child(test_reserve_under_mlockall_child);
 }
 
 /* Under mlockall(MCL_FUTURE | MCL_ONFAULT) nothing is populated, so the
  * lock must be learnt another way; given back, a committed part must lose
  * its pages (locked pages would keep them: old bytes in a "zero" unit). */
+static int test_reserve_under_mlockall_onfault_child(void) {
+    if (mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) != 0) return 77;
+    size_t size = (size_t)8 << 30;
+    uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
+    if (r == NULL) return 2;
+    if (!os_commit(r, HAK_REGION_SIZE)) return 4;
+    memset(r, 0xab, HAK_REGION_SIZE);
+    os_uncommit(r, HAK_REGION_SIZE);
+    if (!maps_given_back(r, HAK_REGION_SIZE)) return 6;
+    if (r[4096] != 0) return 7;
+    if (!os_commit(r, HAK_REGION_SIZE)) return 8;
+    if (r[8192] != 0) return 9;
+    return 0;
+}
+
 static void test_reserve_under_mlockall_onfault(void **state) {
     (void)state;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        if (mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) != 0) _exit(77);
-        size_t size = (size_t)8 << 30;
-        uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
-        if (r == NULL) _exit(2);
-        if (!os_commit(r, HAK_REGION_SIZE)) _exit(4);
-        memset(r, 0xab, HAK_REGION_SIZE);
-        os_uncommit(r, HAK_REGION_SIZE);
-        if (!maps_given_back(r, HAK_REGION_SIZE)) _exit(6);
-        if (r[4096] != 0) _exit(7);
-        if (!os_commit(r, HAK_REGION_SIZE)) _exit(8);
-        if (r[8192] != 0) _exit(9);
-        _exit(0);
-    }
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    assert_true(WIFEXITED(st));
-    if (WEXITSTATUS(st) == 77) skip();
-    if (WEXITSTATUS(st) != 0) fail_msg("child exit %d (see the test)", WEXITSTATUS(st));
+    in_child(test_reserve_under_mlockall_onfault_child);
 }
 
 /* A child of a process under mlockall(MCL_FUTURE) is not under it (fork(2)):
  * what it commits must not be locked by hakmem either. */
+static int test_fork_child_not_locked_child(void) {
+    hak_free(hak_malloc(16)); /* hakmem started: its fork handlers are in */
+    if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) return 77;
+    size_t size = (size_t)8 << 30;
+    uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
+    if (r == NULL) return 2;
+    pid_t g = fork(); /* hakmem's fork handlers run */
+    if (g < 0) return 3;
+    if (g == 0) {
+        long lck0 = status_kb("VmLck:");
+        if (!os_commit(r, HAK_REGION_SIZE)) _exit(4);
+        _exit(status_kb("VmLck:") - lck0 >= 2048 ? 5 : 0);
+    }
+    int gs;
+    if (waitpid(g, &gs, 0) != g || !WIFEXITED(gs)) return 6;
+    return WEXITSTATUS(gs);
+}
+
 static void test_fork_child_not_locked(void **state) {
     (void)state;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        hak_free(hak_malloc(16)); /* hakmem started: its fork handlers are in */
-        if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) _exit(77);
-        size_t size = (size_t)8 << 30;
-        uint8_t *r = os_reserve(&size, (size_t)64 << 20, HAK_REGION_SIZE);
-        if (r == NULL) _exit(2);
-        pid_t g = fork(); /* hakmem's fork handlers run */
-        if (g < 0) _exit(3);
-        if (g == 0) {
-            long lck0 = status_kb("VmLck:");
-            if (!os_commit(r, HAK_REGION_SIZE)) _exit(4);
-            _exit(status_kb("VmLck:") - lck0 >= 2048 ? 5 : 0);
-        }
-        int gs;
-        if (waitpid(g, &gs, 0) != g || !WIFEXITED(gs)) _exit(6);
-        _exit(WEXITSTATUS(gs));
-    }
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    assert_true(WIFEXITED(st));
-    if (WEXITSTATUS(st) == 77) skip();
-    if (WEXITSTATUS(st) != 0) fail_msg("child exit %d (see the test)", WEXITSTATUS(st));
+    in_child(test_fork_child_not_locked_child);
 }
 
 int main(void) {
