@@ -16,17 +16,34 @@ BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden \
 	-ftls-model=initial-exec -fno-builtin -fno-semantic-interposition \
 	-fno-plt -pthread -Wall -Wextra -Werror -Iinclude -Icore
 RELEASE_CFLAGS := $(BASE_CFLAGS) -O2 -DNDEBUG -g
-DEBUG_CFLAGS   := $(BASE_CFLAGS) -O1 -g -DHAK_DEBUG
+# Test builds may fail OS calls on demand (HAK_FAULT_INJECT, core/box/os.h).
+DEBUG_CFLAGS   := $(BASE_CFLAGS) -O1 -g -DHAK_DEBUG -DHAK_FAULT_INJECT
 
-.PHONY: all release debug tests test bench bench-bins bench-instr install clean format
+# Checked builds (docs/RELIABILITY.md), with clang:
+#   ubsan: UndefinedBehaviorSanitizer; the whole cmocka suite runs against it.
+#   tsan:  ThreadSanitizer, hak_ names only (HAK_NO_OVERRIDE), so TSan's own
+#          malloc serves the runtime and the tests call hakmem by name
+#          (tests/hak_names.h renames their malloc, free, ...).
+#   fuzz:  libFuzzer coverage with AddressSanitizer and UBSan, hak_ names only.
+SAN_CC := clang
+CHECK_CFLAGS := $(DEBUG_CFLAGS) -fno-omit-frame-pointer
+UBSAN_FLAGS  := -fsanitize=undefined -fno-sanitize-recover=all
+TSAN_FLAGS   := -fsanitize=thread
+FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all
+UBSAN_CFLAGS := $(CHECK_CFLAGS) $(UBSAN_FLAGS)
+TSAN_CFLAGS  := $(CHECK_CFLAGS) $(TSAN_FLAGS) -DHAK_NO_OVERRIDE
+FUZZ_CFLAGS  := $(CHECK_CFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -DHAK_NO_OVERRIDE
+
+.PHONY: all release debug checked tests test fuzz soak bench bench-bins bench-instr install clean format
 
 all: release
 
 # ---- library -----------------------------------------------------------------
+# lib_rules(name, flags, compiler)
 define lib_rules
 out/$(1)/obj/%.o: %.c $(HDRS) Makefile
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$($(2)) -c $$< -o $$@
+	$$($(3)) $$($(2)) -c $$< -o $$@
 
 out/$(1)/libhakmem.a: $$(SRCS:%.c=out/$(1)/obj/%.o)
 	@rm -f $$@
@@ -40,8 +57,11 @@ out/$(1)/libhakmem.so: out/$(1)/libhakmem.so.$(VERSION)
 	ln -sf libhakmem.so.$(VERSION) out/$(1)/libhakmem.so.$(SOMAJOR)
 	ln -sf libhakmem.so.$(VERSION) $$@
 endef
-$(eval $(call lib_rules,release,RELEASE_CFLAGS))
-$(eval $(call lib_rules,debug,DEBUG_CFLAGS))
+$(eval $(call lib_rules,release,RELEASE_CFLAGS,CC))
+$(eval $(call lib_rules,debug,DEBUG_CFLAGS,CC))
+$(eval $(call lib_rules,ubsan,UBSAN_CFLAGS,SAN_CC))
+$(eval $(call lib_rules,tsan,TSAN_CFLAGS,SAN_CC))
+$(eval $(call lib_rules,fuzz,FUZZ_CFLAGS,SAN_CC))
 
 release: out/release/libhakmem.so out/release/libhakmem.a
 debug: out/debug/libhakmem.so out/debug/libhakmem.a
@@ -52,7 +72,7 @@ debug: out/debug/libhakmem.so out/debug/libhakmem.a
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=out/tests/%)
 TEST_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -pthread -Wall -Wextra -Werror \
-	-Wno-alloc-size-larger-than -fno-builtin -Iinclude -Icore -DHAK_DEBUG
+	-Wno-alloc-size-larger-than -fno-builtin -Iinclude -Icore -DHAK_DEBUG -DHAK_FAULT_INJECT
 
 out/tests/%: tests/%.c out/debug/libhakmem.a $(HDRS) $(wildcard tests/*.h)
 	@mkdir -p out/tests
@@ -67,12 +87,53 @@ out/tests/cxx_prog_linked: tests/real/cxx_prog.cpp out/release/libhakmem.so
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror $< -o $@ \
 		-Lout/release -Wl,--no-as-needed -lhakmem -Wl,--as-needed -Wl,-rpath,$(CURDIR)/out/release
 
-tests: release debug $(TEST_BINS) out/tests/cxx_prog out/tests/cxx_prog_linked
+# The same tests against the checked builds (see above).
+# clang: glibc declares memalign alignment-checked; the tests pass impossible ones on purpose.
+SAN_TEST_CFLAGS := $(TEST_CFLAGS) -fno-omit-frame-pointer -Wno-unknown-warning-option \
+	-Wno-builtin-assume-aligned-alignment -Wno-non-power-of-two-alignment
+UBSAN_TEST_BINS := $(TEST_SRCS:tests/%.c=out/ubsan/tests/%)
+TSAN_TEST_BINS  := $(TEST_SRCS:tests/%.c=out/tsan/tests/%)
+
+out/ubsan/tests/%: tests/%.c out/ubsan/libhakmem.a $(HDRS) $(wildcard tests/*.h)
+	@mkdir -p $(dir $@)
+	$(SAN_CC) $(SAN_TEST_CFLAGS) $(UBSAN_FLAGS) $< -o $@ out/ubsan/libhakmem.a -lcmocka -pthread
+
+out/tsan/tests/%: tests/%.c out/tsan/libhakmem.a $(HDRS) $(wildcard tests/*.h)
+	@mkdir -p $(dir $@)
+	$(SAN_CC) $(SAN_TEST_CFLAGS) $(TSAN_FLAGS) -include tests/hak_names.h $< -o $@ \
+		out/tsan/libhakmem.a -lcmocka -pthread
+
+# Fuzz targets (tests/fuzz/): libFuzzer, ASan and UBSan, against out/fuzz.
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=out/fuzz/%)
+
+out/fuzz/%: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.h)
+	@mkdir -p $(dir $@)
+	$(SAN_CC) -std=c11 -D_GNU_SOURCE -O1 -g -pthread -Wall -Wextra -Werror -Iinclude -Icore \
+		-DHAK_FAULT_INJECT -fno-omit-frame-pointer -fsanitize=fuzzer $(FUZZ_FLAGS) $< -o $@ \
+		out/fuzz/libhakmem.a -pthread
+
+checked: $(UBSAN_TEST_BINS) $(TSAN_TEST_BINS) $(FUZZ_BINS)
+
+tests: release debug $(TEST_BINS) out/tests/cxx_prog out/tests/cxx_prog_linked checked
 
 test:
 	@tests/deps.sh
 	@$(MAKE) --no-print-directory tests
 	@tests/run.sh
+
+# Longer fuzz runs than make test's: FUZZ_SECONDS per target (tests/fuzz/run.sh).
+fuzz:
+	@tests/deps.sh
+	@$(MAKE) --no-print-directory checked
+	@tests/fuzz/run.sh
+
+# Minutes of load with content checks, and redis-server under traffic
+# (tests/soak/run.sh; SOAK_SECONDS sets the length). Not part of make test.
+soak:
+	@tests/deps.sh
+	@$(MAKE) --no-print-directory release
+	@tests/soak/run.sh
 
 # ---- benchmarks --------------------------------------------------------------
 BENCH_SRCS := $(wildcard bench/bench_*.c)

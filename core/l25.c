@@ -22,7 +22,9 @@ struct l25_shard {
     uint64_t refills, flushes, carved_bytes;
 };
 
-HAK_HIDDEN struct l25_bundle l25_bundles[L25_MAX_BUNDLES];
+HAK_HIDDEN struct l25_bundle *l25_desc[L25_MAX_BUNDLES / L25_DESC_CHUNK];
+
+#define L25_LIMIT_DIV 256
 
 /* Shard L25_SHARDS of a class has the uncoloured bundles for aligned requests. */
 #define L25_ALIGNED L25_SHARDS
@@ -71,6 +73,14 @@ static void l25_bundle_reset(struct l25_bundle *b) {
     b->hint = b->first >> 6;
 }
 
+/* Descriptor i has its chunk, taken from the arena when it is the first of
+ * one; false when the arena refuses. l25_desc_lock held. */
+static bool l25_desc_chunk(uint32_t i) {
+    struct l25_bundle **c = &l25_desc[i >> L25_DESC_SHIFT];
+    if (*c == NULL) *c = arena_meta(L25_DESC_CHUNK * sizeof **c); /* zeroed */
+    return *c != NULL;
+}
+
 static void l25_desc_put(struct l25_bundle *b) {
     hak_lock(&l25_desc_lock);
     b->base = NULL;
@@ -86,12 +96,22 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
     /* Coloured (see l25.h): the tier's own classes, except for aligned requests. */
     const uint32_t stride = size + (cls >= SMALL_FIRST && shard != L25_ALIGNED ? 64 : 0);
     const size_t span = l25_span(stride);
+    /* Under an address-space limit each class's partly used bundle is space
+     * other blocks cannot have: bundles no bigger than 1/256 of the limit
+     * (read each time: a program may set it while running). Bigger blocks
+     * then get mappings of their own (the front's last resort). */
+    if (span > os_as_limit() / L25_LIMIT_DIV) return NULL;
     struct l25_bundle *b;
+    uint32_t idx = 0;
     hak_lock(&l25_desc_lock);
-    if ((b = l25_desc_free) != NULL)
+    if ((b = l25_desc_free) != NULL) {
         l25_desc_free = b->next;
-    else if (l25_desc_top < L25_MAX_BUNDLES)
-        b = &l25_bundles[l25_desc_top++];
+        idx = b->idx;
+    } else if (l25_desc_top < L25_MAX_BUNDLES && l25_desc_chunk(l25_desc_top)) {
+        idx = l25_desc_top++;
+        b = &l25_desc[idx >> L25_DESC_SHIFT][idx & (L25_DESC_CHUNK - 1)];
+        b->idx = idx; /* kept for good: the descriptor may go back unused */
+    }
     hak_unlock(&l25_desc_lock);
     if (b == NULL) return NULL;
 
@@ -101,6 +121,7 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
         return NULL;
     }
     memset(b, 0, sizeof *b);
+    b->idx = idx;
     b->base = base;
     b->span = span;
     b->cls = cls;
@@ -123,7 +144,6 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
         b->first = (uint32_t)((bytes + size - 1) / size);
     }
     /* Published in the region map only once the descriptor is complete. */
-    uint32_t idx = (uint32_t)(b - l25_bundles);
     for (size_t r = 0; r < span; r += HAK_REGION_SIZE) {
         if (!rmap_set_region(base + r, RMAP_L25, idx)) {
             rmap_clear_span(base, span);
@@ -484,19 +504,11 @@ void l25_fork_prepare(void) {
     pthread_mutex_lock(&l25_desc_lock);
 }
 
-void l25_fork_parent(void) {
+void l25_fork_release(void) {
     pthread_mutex_unlock(&l25_desc_lock);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             pthread_mutex_unlock(&l25_shards[cls][sh].lock);
-}
-
-void l25_fork_child(void) {
-    /* The child has one thread; the locks it inherited are held by it. */
-    pthread_mutex_init(&l25_desc_lock, NULL);
-    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
-            pthread_mutex_init(&l25_shards[cls][sh].lock, NULL);
 }
 
 void l25_get_stats(struct l25_stats *st) {

@@ -40,10 +40,13 @@
 #define L25_SHARDS      4      /* plus one more, of uncoloured bundles, for aligned requests */
 #define L25_EMPTY_MAX   4      /* empty bundles a shard keeps */
 #define L25_MAX_BUNDLES 65536u /* descriptors: 128 GiB of bundles at least */
+#define L25_DESC_SHIFT  12     /* descriptors come in chunks of 4096 */
+#define L25_DESC_CHUNK  (1u << L25_DESC_SHIFT)
 
 struct l25_bundle {
     uint8_t *base;           /* NULL: descriptor unused */
     size_t span;             /* bytes mapped */
+    uint32_t idx;            /* in the descriptor table: the region map's payload */
     uint32_t cls, size;      /* block size, a copy of small_class_size[cls] */
     uint32_t stride;         /* distance between blocks: size, or size + 64 */
     uint64_t magic;          /* floor(2^64 / stride) + 1: see l25_div */
@@ -63,11 +66,17 @@ struct l25_bundle {
     uint64_t avail1, dirty1;
 };
 
-extern HAK_HIDDEN struct l25_bundle l25_bundles[L25_MAX_BUNDLES];
+/* The descriptor table, in chunks taken from the arena as bundles need
+ * them: a static table would be megabytes of zeros in the library's BSS,
+ * which counts against an address-space limit and becomes resident under
+ * mlockall(MCL_CURRENT). A chunk is in place before any of its descriptors
+ * is published in the region map. */
+extern HAK_HIDDEN struct l25_bundle *l25_desc[L25_MAX_BUNDLES / L25_DESC_CHUNK];
 
 /* The bundle of p, whose region entry (kind RMAP_L25) is e. */
 HAK_INLINE struct l25_bundle *l25_bundle_of(uint32_t e) {
-    return &l25_bundles[rmap_payload(e)];
+    uint32_t i = rmap_payload(e);
+    return &l25_desc[i >> L25_DESC_SHIFT][i & (L25_DESC_CHUNK - 1)];
 }
 
 /* The index of the block at offset `off` of b, rounded down: the high half
@@ -104,11 +113,15 @@ void *l25_alloc_aligned(uint32_t cls);
 
 /* A block of class cls (>= SMALL_FIRST); NULL (errno ENOMEM) when out of
  * memory. */
-HAK_INLINE void *l25_alloc(uint32_t cls) {
+HAK_INLINE void *l25_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);
-    if (hak_unlikely(p == NULL)) return l25_alloc_slow(cls);
-    l25_set_live(p);
+    if (hak_likely(p != NULL)) l25_set_live(p);
     return p;
+}
+
+HAK_INLINE void *l25_alloc(uint32_t cls) {
+    void *p = l25_alloc_fast(cls);
+    return hak_likely(p != NULL) ? p : l25_alloc_slow(cls);
 }
 
 /* Free p, whose region entry e says RMAP_L25; `fn` names the API call. */
@@ -139,15 +152,16 @@ void l25_thread_flush(void);
  * true when memory went back to the OS. */
 bool l25_trim(void);
 
+/* fork: take every lock of the tier before, release them after (parent and
+ * child alike: in the child the forking thread, their owner, is the only one). */
 void l25_fork_prepare(void);
-void l25_fork_parent(void);
-void l25_fork_child(void);
+void l25_fork_release(void);
 
 struct l25_stats {
     uint64_t bundles_mapped, bundles_unmapped, bytes_mapped; /* bytes_mapped: now */
     uint64_t carved_bytes; /* bytes of blocks out of their bundles now */
     uint64_t refills, flushes, decommits;
 };
-void l25_get_stats(struct l25_stats *s);
+void l25_get_stats(struct l25_stats *st);
 
 #endif

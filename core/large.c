@@ -154,7 +154,7 @@ static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct 
 
 /* Decommit or unmap what large_cache_expire took out; decommitted entries go
  * back into the cache. */
-static void large_cache_retire(struct large_entry *out, uint32_t n);
+static void large_cache_retire(const struct large_entry *out, uint32_t n);
 
 /* Give the tail of cached mapping h (`size` bytes) beyond `need` back to the
  * OS: the front keeps its resident pages, so a block copied into it (a
@@ -242,7 +242,7 @@ static void large_cache_put(struct large_hdr *h) {
     large_cache_retire(old, nold); /* syscalls outside the lock */
 }
 
-static void large_cache_retire(struct large_entry *out, uint32_t n) {
+static void large_cache_retire(const struct large_entry *out, uint32_t n) {
     struct large_cache *lc = &large_cache;
     uint64_t now = large_now_ms();
     for (uint32_t i = 0; i < n; i++) {
@@ -416,11 +416,8 @@ bool large_trim(void) {
 void large_fork_prepare(void) {
     pthread_mutex_lock(&large_cache.lock);
 }
-void large_fork_parent(void) {
+void large_fork_release(void) {
     pthread_mutex_unlock(&large_cache.lock);
-}
-void large_fork_child(void) {
-    pthread_mutex_init(&large_cache.lock, NULL);
 }
 
 void large_get_stats(struct large_stats *s) {

@@ -30,9 +30,10 @@ void *large_realloc(void *p, uint32_t entry, size_t n);
 /* Unmap every cached mapping; true when something was released. */
 bool large_trim(void);
 
+/* fork: take every lock of the tier before, release them after (parent and
+ * child alike: in the child the forking thread, their owner, is the only one). */
 void large_fork_prepare(void);
-void large_fork_parent(void);
-void large_fork_child(void);
+void large_fork_release(void);
 
 struct large_stats {
     uint64_t allocs, frees, cache_hits, remaps_inplace, remaps_moved;

@@ -12,6 +12,9 @@
 #include <errno.h>
 #include <pthread.h>
 
+#define POOL_CHUNK_MIN HAK_REGION_SIZE /* an arena unit: what a smaller chunk costs anyway */
+#define POOL_LIMIT_DIV 128
+
 struct pool_heap {
     struct pool_chunk *cur;                  /* carving from its tail */
     struct pool_chunk *avail[POOL_NCLASSES]; /* chunks with free blocks, per class */
@@ -49,7 +52,7 @@ static struct pool_heap *pool_heap_get(void) {
     } else {
         if (pool_heaps_fresh_n == 0) {
             size_t bytes = 64 * 1024;
-            pool_heaps_fresh = arena_alloc(bytes);
+            pool_heaps_fresh = arena_meta(bytes);
             pool_heaps_fresh_n = pool_heaps_fresh ? (uint32_t)(bytes / sizeof *h) : 0;
         }
         if (pool_heaps_fresh_n) {
@@ -97,8 +100,13 @@ static bool pool_chunk_new(struct pool_heap *h) {
         h->cur = c;
         return true;
     }
-    size_t size = h->next_size;
+    /* Under an address-space limit a chunk's uncarved tail is space other
+     * blocks cannot have: chunks of at most 1/128 of the limit, and when
+     * even that is refused, one of the smallest size. */
+    size_t size = h->next_size, cap = os_as_limit() / POOL_LIMIT_DIV & ~(POOL_CHUNK_MIN - 1);
+    if (size > cap) size = cap > POOL_CHUNK_MIN ? cap : POOL_CHUNK_MIN;
     c = arena_alloc(size);
+    if (c == NULL && size > POOL_CHUNK_MIN) c = arena_alloc(size = POOL_CHUNK_MIN);
     if (c == NULL) return false;
     if (!rmap_mark_span(c, size, RMAP_POOL)) {
         arena_free(c, size);
@@ -106,7 +114,7 @@ static bool pool_chunk_new(struct pool_heap *h) {
     }
     c->owner = h;
     c->size = size;
-    c->bump = (uint8_t *)c + POOL_CHUNK_HDR;
+    atomic_store_explicit(&c->bump, (uint8_t *)c + POOL_CHUNK_HDR, memory_order_relaxed);
     c->end = (uint8_t *)c + size;
     pool_all_link(h, c);
     h->cur = c;
@@ -117,8 +125,14 @@ static bool pool_chunk_new(struct pool_heap *h) {
     return true;
 }
 
+/* Bytes of c carved into blocks (with their headers). */
+static size_t pool_carved(struct pool_chunk *c) {
+    uint8_t *bump = atomic_load_explicit(&c->bump, memory_order_relaxed);
+    return (size_t)(bump - (uint8_t *)c - POOL_CHUNK_HDR);
+}
+
 static void pool_chunk_unmap(struct pool_chunk *c) {
-    size_t size = c->size, carved = (size_t)(c->bump - (uint8_t *)c - POOL_CHUNK_HDR);
+    size_t size = c->size, carved = pool_carved(c);
     rmap_clear_span(c, size);
     arena_free(c, size);
     atomic_fetch_add_explicit(&pool_st_unmapped, 1, memory_order_relaxed);
@@ -148,10 +162,8 @@ static void pool_chunk_release(struct pool_heap *h, struct pool_chunk *c) {
     if (c->all_next) c->all_next->all_prev = c->all_prev;
     if (h->cur == c) h->cur = NULL;
     if (h->spare_bytes + c->size <= pool_spare_max()) {
-        atomic_fetch_sub_explicit(&pool_st_carved,
-                                  (uint64_t)(c->bump - (uint8_t *)c - POOL_CHUNK_HDR),
-                                  memory_order_relaxed);
-        c->bump = (uint8_t *)c + POOL_CHUNK_HDR;
+        atomic_fetch_sub_explicit(&pool_st_carved, pool_carved(c), memory_order_relaxed);
+        atomic_store_explicit(&c->bump, (uint8_t *)c + POOL_CHUNK_HDR, memory_order_relaxed);
         c->all_next = h->spares;
         h->spares = c;
         h->spare_bytes += c->size;
@@ -216,7 +228,8 @@ void *pool_alloc_slow(uint32_t cls) {
     }
     size_t stride = POOL_HDR + small_class_size[cls];
     c = h->cur;
-    if (c == NULL || (size_t)(c->end - c->bump) < stride) {
+    if (c == NULL ||
+        (size_t)(c->end - atomic_load_explicit(&c->bump, memory_order_relaxed)) < stride) {
         /* The old chunk's tail (less than a block) is left; the chunk goes
          * when its blocks are all back. */
         if (c && c->out == 0) pool_chunk_release(h, c);
@@ -226,8 +239,9 @@ void *pool_alloc_slow(uint32_t cls) {
         }
         c = h->cur;
     }
-    void *b = c->bump + POOL_HDR;
-    c->bump += stride;
+    uint8_t *bump = atomic_load_explicit(&c->bump, memory_order_relaxed);
+    void *b = bump + POOL_HDR;
+    atomic_store_explicit(&c->bump, bump + stride, memory_order_relaxed);
     atomic_fetch_add_explicit(&pool_st_carved, stride, memory_order_relaxed);
     return pool_hand_out(c, b, cls);
 }
@@ -329,11 +343,8 @@ bool pool_trim(void) {
 void pool_fork_prepare(void) {
     pthread_mutex_lock(&pool_lock);
 }
-void pool_fork_parent(void) {
+void pool_fork_release(void) {
     pthread_mutex_unlock(&pool_lock);
-}
-void pool_fork_child(void) {
-    pthread_mutex_init(&pool_lock, NULL);
 }
 
 void pool_get_stats(struct pool_stats *s) {

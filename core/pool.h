@@ -38,8 +38,12 @@ enum { POOL_LIVE = 0xa1, POOL_FREE = 0xf7 };
 struct pool_chunk {
     struct pool_heap *owner; /* never changes: heaps are recycled, not freed */
     size_t size;
-    uint8_t *bump, *end; /* never-carved tail */
-    uint32_t out;        /* blocks not on this chunk's free lists */
+    /* Never-carved tail. Written by the owner only, but read by any thread
+     * freeing a block of the chunk (pool_is_block): atomic, relaxed (a freer
+     * learnt of its block after the carve that moved bump past it). */
+    _Atomic(uint8_t *) bump;
+    uint8_t *end;
+    uint32_t out; /* blocks not on this chunk's free lists */
     void *free[POOL_NCLASSES];
     /* Per class: the heap's list of chunks with free blocks of that class. */
     struct pool_chunk *next[POOL_NCLASSES], *prev[POOL_NCLASSES];
@@ -68,7 +72,8 @@ HAK_INLINE struct pool_chunk *pool_chunk_of(const void *p, uint32_t e) {
 HAK_INLINE bool pool_is_block(const struct pool_chunk *c, const void *p) {
     const uint8_t *b = p;
     return ((uintptr_t)b & 15) == 0 && b >= (const uint8_t *)c + POOL_CHUNK_HDR + POOL_HDR &&
-           b < c->bump && pool_hdr_of(b)->tag == pool_tag(b);
+           b < atomic_load_explicit(&c->bump, memory_order_relaxed) &&
+           pool_hdr_of(b)->tag == pool_tag(b);
 }
 
 void *pool_alloc_slow(uint32_t cls);
@@ -77,11 +82,17 @@ void *pool_alloc_slow(uint32_t cls);
 void pool_free_slow(void *p, uint32_t cls);
 void pool_free_remote(void *p, struct pool_chunk *c);
 
-HAK_INLINE void *pool_alloc(uint32_t cls) {
+/* A block of cls from this thread's cache; NULL when it has none
+ * (pool_alloc_slow then takes one from the chunks). */
+HAK_INLINE void *pool_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);
-    if (hak_unlikely(p == NULL)) return pool_alloc_slow(cls);
-    pool_hdr_of(p)->state = POOL_LIVE;
+    if (hak_likely(p != NULL)) pool_hdr_of(p)->state = POOL_LIVE;
     return p;
+}
+
+HAK_INLINE void *pool_alloc(uint32_t cls) {
+    void *p = pool_alloc_fast(cls);
+    return hak_likely(p != NULL) ? p : pool_alloc_slow(cls);
 }
 
 /* Free p, whose region entry e says RMAP_POOL; `fn` names the API call. */
@@ -111,9 +122,10 @@ void pool_thread_exit(void);
  * true when a chunk was unmapped. */
 bool pool_trim(void);
 
+/* fork: take every lock of the tier before, release them after (parent and
+ * child alike: in the child the forking thread, their owner, is the only one). */
 void pool_fork_prepare(void);
-void pool_fork_parent(void);
-void pool_fork_child(void);
+void pool_fork_release(void);
 
 struct pool_stats {
     uint64_t chunks_mapped, chunks_unmapped, chunks_live, bytes_live, carved_bytes;

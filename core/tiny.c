@@ -86,7 +86,7 @@ static struct tiny_heap *tiny_heap_get(void) {
     } else {
         if (tiny_heap_fresh_n == 0) {
             size_t chunk = 64 * 1024;
-            tiny_heap_fresh = arena_alloc(chunk);
+            tiny_heap_fresh = arena_meta(chunk);
             tiny_heap_fresh_n = tiny_heap_fresh ? (uint32_t)(chunk / sizeof *h) : 0;
         }
         if (tiny_heap_fresh_n) {
@@ -338,6 +338,15 @@ bool tiny_trim(void) {
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (h == NULL) break;
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
+        struct ss_slab *cur = h->cur[cls];
+        if (cur) {
+            tiny_drain(cur);
+            if (cur->used == 0) { /* refills would come from it: not any more */
+                h->cur[cls] = NULL;
+                ss_release(cur);
+                any = true;
+            }
+        }
         struct ss_slab *lists[] = {h->avail[cls], h->full[cls]};
         for (int l = 0; l < 2; l++) {
             for (struct ss_slab *s = lists[l], *next; s; s = next) {
@@ -378,11 +387,8 @@ bool tiny_trim(void) {
 void tiny_fork_prepare(void) {
     pthread_mutex_lock(&tiny_lock);
 }
-void tiny_fork_parent(void) {
+void tiny_fork_release(void) {
     pthread_mutex_unlock(&tiny_lock);
-}
-void tiny_fork_child(void) {
-    pthread_mutex_init(&tiny_lock, NULL);
 }
 
 void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]) {

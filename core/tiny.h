@@ -22,11 +22,17 @@ void *tiny_alloc_slow(uint32_t cls);
 void tiny_free_slow(void *p, uint32_t cls);
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn);
 
-HAK_INLINE void *tiny_alloc(uint32_t cls) {
+/* A block of cls from this thread's cache; NULL when it has none
+ * (tiny_alloc_slow then refills it). */
+HAK_INLINE void *tiny_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);
-    if (hak_unlikely(p == NULL)) return tiny_alloc_slow(cls);
-    hak_tc.allocs[cls]++;
+    if (hak_likely(p != NULL)) hak_tc.allocs[cls]++;
     return p;
+}
+
+HAK_INLINE void *tiny_alloc(uint32_t cls) {
+    void *p = tiny_alloc_fast(cls);
+    return hak_likely(p != NULL) ? p : tiny_alloc_slow(cls);
 }
 
 /* Free p, a pointer into a SuperSlab; `fn` names the API call. */
@@ -59,9 +65,10 @@ void tiny_thread_exit(void);
  * empty slab; true when something was given back. */
 bool tiny_trim(void);
 
+/* fork: take every lock of the tier before, release them after (parent and
+ * child alike: in the child the forking thread, their owner, is the only one). */
 void tiny_fork_prepare(void);
-void tiny_fork_parent(void);
-void tiny_fork_child(void);
+void tiny_fork_release(void);
 
 struct tiny_class_stats {
     uint64_t allocs, frees; /* exited threads' and the caller's */

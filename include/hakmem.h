@@ -7,6 +7,7 @@
 #ifndef HAKMEM_H
 #define HAKMEM_H
 
+#include <malloc.h> /* struct mallinfo2 */
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -28,6 +29,7 @@ void hak_free_sized(void *ptr, size_t size);
 void hak_free_aligned_sized(void *ptr, size_t alignment, size_t size);
 int hak_malloc_trim(size_t pad);
 void hak_malloc_stats(void);
+struct mallinfo2 hak_mallinfo2(void);
 
 #ifdef __cplusplus
 }

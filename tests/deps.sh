@@ -3,7 +3,10 @@
 # when everything is present: one dpkg query, no network.
 set -euo pipefail
 
-pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk pkg-config)
+# clang and its runtimes: the sanitizer builds and libFuzzer (make checked);
+# llvm: llvm-symbolizer for their reports.
+pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk pkg-config
+    clang libclang-rt-14-dev llvm)
 
 missing=()
 for p in "${pkgs[@]}"; do

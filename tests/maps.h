@@ -62,4 +62,19 @@ static inline bool maps_given_back(const void *p, size_t len) {
     return true;
 }
 
+/* mlockall(flags), true when it took effect: the sanitizer runtimes make
+ * mlockall a no-op that returns 0 (their shadow memory cannot be locked), so
+ * its success alone says nothing. Takes effect = VmLck no longer zero. */
+static inline bool maps_mlockall(int flags) {
+    if (mlockall(flags) != 0) return false;
+    static char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = 0;
+    const char *l = strstr(buf, "VmLck:");
+    return l != NULL && strtol(l + 6, NULL, 10) > 0;
+}
+
 #endif

@@ -341,7 +341,7 @@ static void test_locked_entries_not_reported_decommitted(void **state) {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) _exit(77);
+        if (!maps_mlockall(MCL_CURRENT | MCL_FUTURE)) _exit(77);
         hak_cfg.bigcache_age_ms = 30;
         uint8_t *p = malloc(4 * MiB);
         memset(p, 0xab, 4 * MiB);

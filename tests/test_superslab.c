@@ -138,8 +138,12 @@ static int32_t block_index(const struct ss_slab *s, const void *p) {
 
 /* The SuperSlab ss went back to the OS: its place in the range is read-only
  * and not in memory. */
+/* Its pages went back: its place in the range is read-only zeros again, or
+ * (at the top of the range, which then shrinks) not even reserved. */
 static bool given_back(const struct superslab *ss) {
-    return ss_contains(ss) && maps_given_back(ss, SS_SIZE);
+    char perms[5];
+    if (!ss_contains(ss)) return !maps_perms(ss, perms);
+    return maps_given_back(ss, SS_SIZE);
 }
 
 /* ---- geometry ---------------------------------------------------------------- */

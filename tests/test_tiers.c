@@ -1143,6 +1143,9 @@ static void check_touched(const uint8_t *p, size_t n, size_t i) {
  * of the burst: losing more than that fails. */
 static void test_burst_1gib(void **state) {
     (void)state;
+#ifdef HAK_TEST_TSAN
+    skip(); /* RSS includes TSan's shadow of every page touched */
+#endif
     size_t avail = mem_available();
     if (avail < 3 * GiB) {
         print_message("MemAvailable %zu MiB < 3 GiB: burst test skipped\n", avail / MiB);

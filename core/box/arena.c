@@ -1,4 +1,4 @@
-/* Arena: one reservation, split in two halves (arena.h). */
+/* Arena: one window of address space, grown in place (arena.h). */
 #include "box/arena.h"
 
 #include "box/lock.h"
@@ -7,43 +7,126 @@
 
 #include <pthread.h>
 
-#define ARENA_MAX       ((size_t)1 << 38)   /* 256 GiB */
-#define ARENA_MIN       ((size_t)128 << 20) /* 64 MiB a half */
+#define ARENA_WINDOW    ((size_t)1 << 38)   /* 256 GiB: two halves of 128 GiB */
+#define ARENA_MIN       ((size_t)128 << 20) /* smallest window a fallback takes */
+#define ARENA_STEP      ((size_t)32 << 20)  /* first reservation of each half */
+#define ARENA_LIMIT_DIV 32 /* under an address-space limit, steps of at most 1/32 of it */
 #define ARENA_UNIT      HAK_REGION_SIZE
-#define ARENA_MAX_UNITS (ARENA_MAX / 2 / ARENA_UNIT)
+#define ARENA_MAX_UNITS (ARENA_WINDOW / 2 / ARENA_UNIT)
+#define ARENA_TRIES     4 /* windows tried at hint addresses before the fallback */
 
 static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool arena_tried;              /* reserved, or refused: never asked again */
-static uintptr_t arena_base;          /* 0: refused */
-static size_t arena_size;             /* the whole reservation */
-static uintptr_t arena_mid;           /* the upper half */
-static size_t arena_units, arena_top; /* units in the upper half; ever used */
+/* Placing the window was tried and refused (address space exhausted): not
+ * tried again until arena_trim, when memory went back. */
+static bool arena_refused;
+static uintptr_t arena_lo; /* the window; 0: refused */
+static size_t arena_half;  /* size of each half: ARENA_WINDOW / 2, less in a fallback */
+/* The whole window is reserved already (the fallback when no hint address
+ * could be had): growing a half is then only making it readable. */
+static bool arena_whole;
+static size_t arena_ss_top; /* bytes of the lower half reserved (readable) */
+static uintptr_t arena_mid; /* the upper half */
+static size_t arena_units;  /* units of the upper half reserved */
+static size_t arena_top;    /* units ever used */
+/* The upper half could not grow (refused, or something mapped in the way):
+ * not tried again until arena_trim, when memory went back. */
+static bool arena_units_stuck;
 /* Bit i: unit i (below arena_top) is free again. Lowest first. */
 static uint64_t arena_free_units[ARENA_MAX_UNITS / 64];
 static size_t arena_nfree, arena_used;
 static uint64_t arena_fallbacks;
 
-/* Reserve on first call. Lock held. */
-static void arena_reserve(void) {
-    if (arena_tried) return;
-    arena_tried = true;
-    size_t size = ARENA_MAX;
-    /* Aligned to its size, so the upper half is aligned to its own. */
-    void *base = os_reserve(&size, ARENA_MIN, ARENA_MAX);
-    if (base == NULL) return;
-    arena_base = (uintptr_t)base;
-    arena_size = size;
-    arena_mid = arena_base + size / 2;
-    arena_units = size / 2 / ARENA_UNIT;
+/* The next step of a half with `have` bytes reserved: as much again, at
+ * least ARENA_STEP, within the half. Under an address-space limit
+ * (RLIMIT_AS, read each time: a program may set it while running) at most
+ * 1/32 of it, as reserved space counts against it used or not. */
+static size_t arena_step(size_t have) {
+    size_t s = have < ARENA_STEP ? ARENA_STEP : have;
+    size_t limit = os_as_limit();
+    if (limit != SIZE_MAX) {
+        size_t cap = limit / ARENA_LIMIT_DIV & ~(ARENA_UNIT - 1);
+        if (s > cap) s = cap < ARENA_UNIT ? ARENA_UNIT : cap;
+    }
+    return s < arena_half - have ? s : arena_half - have;
 }
 
-bool arena_ss_range(uintptr_t *base, size_t *span) {
+/* Place the window on first use: its lower half's first step at a hint
+ * address far from everything else (so both halves have room to grow in
+ * place), else the whole window wherever the OS puts it. Lock held. */
+static void arena_place(void) {
+    if (arena_lo != 0 || arena_refused) return;
+    arena_refused = true; /* until it succeeds below */
+    arena_half = ARENA_WINDOW / 2;
+    size_t first = arena_step(0);
+    for (int i = 0; i < ARENA_TRIES; i++) {
+        uintptr_t w = os_hint(ARENA_WINDOW, ARENA_WINDOW);
+        if (w == 0) break;
+        if (!os_reserve_at((void *)w, first)) continue;
+        if (!os_readable((void *)w, first)) {
+            os_unmap((void *)w, first);
+            continue;
+        }
+        arena_lo = w;
+        arena_ss_top = first;
+        break;
+    }
+    if (arena_lo == 0) {
+        /* No hint honoured (a sanitizer's shadow, valgrind): the whole
+         * window at once, as large as the OS grants. */
+        size_t size = ARENA_WINDOW;
+        void *w = os_reserve(&size, ARENA_MIN, ARENA_WINDOW);
+        if (w == NULL) return;
+        arena_lo = (uintptr_t)w;
+        arena_half = size / 2;
+        arena_whole = true;
+    }
+    arena_mid = arena_lo + arena_half;
+    arena_refused = false;
+}
+
+/* Reserve [at, at + *step) after a half's reserved part, readable when
+ * asked; under an address-space limit (or anything else in the way) the
+ * step is halved down to `need`. false when not even that is granted. */
+static bool arena_extend(uintptr_t at, size_t *step, size_t need, bool readable) {
+    for (size_t s = *step; s >= need; s /= 2) {
+        if (!arena_whole && !os_reserve_at((void *)at, s)) continue;
+        if (readable && !os_readable((void *)at, s)) {
+            if (!arena_whole) os_unmap((void *)at, s);
+            continue;
+        }
+        *step = s;
+        return true;
+    }
+    return false;
+}
+
+bool arena_ss_grow(uintptr_t *base, size_t *span) {
     hak_lock(&arena_lock);
-    arena_reserve();
-    *base = arena_base;
-    *span = arena_size / 2;
+    arena_place();
+    bool grew = false;
+    if (arena_lo != 0 && arena_ss_top < arena_half) {
+        /* Readable: free may read a descriptor anywhere in the range. */
+        size_t step = arena_step(arena_ss_top);
+        grew = arena_extend(arena_lo + arena_ss_top, &step, HAK_REGION_SIZE, true);
+        if (grew) arena_ss_top += step;
+    }
+    grew |= arena_ss_top > *span; /* the window's first step */
+    *base = arena_lo;
+    *span = arena_ss_top;
     hak_unlock(&arena_lock);
-    return arena_base != 0;
+    return grew;
+}
+
+bool arena_ss_shrink(size_t top) {
+    bool any = false;
+    hak_lock(&arena_lock);
+    if (!arena_whole && top < arena_ss_top &&
+        os_unmap((void *)(arena_lo + top), arena_ss_top - top)) {
+        arena_ss_top = top;
+        any = true;
+    }
+    hak_unlock(&arena_lock);
+    return any;
 }
 
 /* n consecutive free units below arena_top; their first, or SIZE_MAX. */
@@ -73,18 +156,38 @@ static inline bool arena_owns(uintptr_t a) {
     return a - arena_mid < arena_units * ARENA_UNIT;
 }
 
+/* n units past arena_top, reserving more of the upper half if needed; their
+ * first, or SIZE_MAX. Lock held. */
+static size_t arena_take_top(size_t n) {
+    size_t max = arena_half / ARENA_UNIT;
+    if (arena_lo == 0 || arena_top + n > max) return SIZE_MAX;
+    if (arena_top + n > arena_units) {
+        size_t have = arena_units * ARENA_UNIT, need = (arena_top + n) * ARENA_UNIT - have;
+        size_t step = arena_step(have);
+        if (step < need) step = need;
+        /* Inaccessible until committed: nothing reads the upper half's
+         * unused parts (the region map says they are no one's). */
+        if (arena_units_stuck || !arena_extend(arena_mid + have, &step, need, false)) {
+            arena_units_stuck = true; /* no syscalls per chunk while it cannot grow */
+            return SIZE_MAX;
+        }
+        arena_units += step / ARENA_UNIT;
+    }
+    arena_top += n;
+    return arena_top - n;
+}
+
 void *arena_alloc(size_t size) {
     size_t n = (size + ARENA_UNIT - 1) / ARENA_UNIT;
     size_t first = SIZE_MAX;
     hak_lock(&arena_lock);
-    arena_reserve();
+    arena_place();
     if (arena_nfree >= n) first = arena_find_free(n);
     if (first != SIZE_MAX) {
         arena_mark(first, n, false);
         arena_nfree -= n;
-    } else if (arena_top + n <= arena_units) {
-        first = arena_top;
-        arena_top += n;
+    } else {
+        first = arena_take_top(n);
     }
     if (first != SIZE_MAX) arena_used += n;
     hak_unlock(&arena_lock);
@@ -105,9 +208,35 @@ void *arena_alloc(size_t size) {
     return os_map_aligned(hak_align_up(size, HAK_PAGE_SIZE), ARENA_UNIT);
 }
 
+/* The unit records are carved from, and what is left of it. */
+static uint8_t *arena_meta_cur;
+static size_t arena_meta_left;
+
+void *arena_meta(size_t size) {
+    size = hak_align_up(size, 64);
+    if (size > ARENA_UNIT) return NULL;
+    hak_lock(&arena_lock);
+    if (arena_meta_left < size) {
+        hak_unlock(&arena_lock);
+        uint8_t *u = arena_alloc(ARENA_UNIT);
+        if (u == NULL) return NULL;
+        hak_lock(&arena_lock);
+        arena_meta_cur = u; /* (a unit another thread took meanwhile keeps its rest) */
+        arena_meta_left = ARENA_UNIT;
+    }
+    void *p = arena_meta_cur;
+    arena_meta_cur += size;
+    arena_meta_left -= size;
+    hak_unlock(&arena_lock);
+    return p;
+}
+
 void arena_free(void *p, size_t size) {
     uintptr_t a = (uintptr_t)p;
-    if (!arena_owns(a)) {
+    hak_lock(&arena_lock);
+    bool owned = arena_owns(a);
+    hak_unlock(&arena_lock);
+    if (!owned) {
         os_unmap(p, hak_align_up(size, HAK_PAGE_SIZE));
         return;
     }
@@ -121,19 +250,41 @@ void arena_free(void *p, size_t size) {
     hak_unlock(&arena_lock);
 }
 
+bool arena_trim(void) {
+    bool any = false;
+    hak_lock(&arena_lock);
+    arena_refused = arena_units_stuck = false; /* memory went back: may fit now */
+    if (os_as_limit() == SIZE_MAX) {           /* reservations cost nothing: keep them */
+        hak_unlock(&arena_lock);
+        return false;
+    }
+    /* Free units at the top are never-used ones again. */
+    while (arena_top > 0 &&
+           (arena_free_units[(arena_top - 1) / 64] >> ((arena_top - 1) % 64) & 1)) {
+        arena_top--;
+        arena_free_units[arena_top / 64] &= ~(1ull << (arena_top % 64));
+        arena_nfree--;
+    }
+    if (!arena_whole && arena_units > arena_top &&
+        os_unmap((void *)(arena_mid + arena_top * ARENA_UNIT),
+                 (arena_units - arena_top) * ARENA_UNIT)) {
+        arena_units = arena_top;
+        any = true;
+    }
+    hak_unlock(&arena_lock);
+    return any;
+}
+
 void arena_fork_prepare(void) {
     pthread_mutex_lock(&arena_lock);
 }
-void arena_fork_parent(void) {
+void arena_fork_release(void) {
     pthread_mutex_unlock(&arena_lock);
-}
-void arena_fork_child(void) {
-    pthread_mutex_init(&arena_lock, NULL);
 }
 
 void arena_get_stats(struct arena_stats *s) {
     hak_lock(&arena_lock);
-    s->reserved = arena_size;
+    s->reserved = arena_whole ? 2 * arena_half : arena_ss_top + arena_units * ARENA_UNIT;
     s->units_used = arena_used;
     s->fallbacks = arena_fallbacks;
     hak_unlock(&arena_lock);

@@ -1,11 +1,15 @@
-/* Arena: the process's one reservation of address space, made on first use
- * (see os_reserve): read-only zero pages costing no memory and no commit
- * charge, 256 GiB when the OS grants it. The lower half is the SuperSlab
- * range (superslab/ss.c places SuperSlabs in it); the upper half holds Pool
- * chunks, L2.5 bundles and the tiers' heap records, in 2 MiB units made
- * writable with mprotect as they are needed. So a program's mappings cost
- * one mmap, not one each, and the upper half (aligned to its size, at most
- * 128 GiB) falls in a single region-map leaf. */
+/* Arena: the process's window of address space, 256 GiB placed at a hint
+ * address on first use (see os_reserve_at) and reserved as it is needed:
+ * the lower half is the SuperSlab range (superslab/ss.c places SuperSlabs in
+ * it), readable zeros; the upper half holds Pool chunks, L2.5 bundles and
+ * the tiers' heap records, in 2 MiB units made writable with mprotect as they
+ * are needed. Each half grows in place by doubling (so reserved but unused
+ * space stays below what is used, which keeps an address-space limit, and
+ * mlockall(MCL_CURRENT) populating readable pages, in proportion), in
+ * smaller steps when the OS refuses more. The upper half (aligned to its
+ * size, at most 128 GiB) falls in a single region-map leaf. When no hint
+ * address is honoured (a sanitizer's shadow memory, valgrind) the whole
+ * window is reserved at once, inaccessible, wherever the OS puts it. */
 #ifndef HAK_ARENA_H
 #define HAK_ARENA_H
 
@@ -13,22 +17,39 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The SuperSlab half: false when no reservation could be made. */
-bool arena_ss_range(uintptr_t *base, size_t *span);
+/* Grow the SuperSlab half: *span (its size now; 0 before the first call)
+ * becomes the new size, *base its start. false when it cannot grow (full,
+ * refused, or the OS refused more address space). */
+bool arena_ss_grow(uintptr_t *base, size_t *span);
+
+/* Give back the SuperSlab half's reservation from `top` (a 2 MiB multiple,
+ * nothing in use at or above it) up; true when something was given back.
+ * The caller has made sure no pointer into that part is read any more. */
+bool arena_ss_shrink(size_t top);
+/* Under an address-space limit (which counts reserved space), give back the
+ * upper half's reservation above its last unit in use; true when something
+ * went. Also lets a refused window placement be tried again. */
+bool arena_trim(void);
 
 /* `size` bytes (a page multiple), readable, writable and zero, starting
  * on a 2 MiB boundary. From the upper half while it has
  * room, else a mapping of its own; NULL when the OS refuses both. */
 void *arena_alloc(size_t size);
+/* Records a tier keeps for the life of the process (heap records,
+ * descriptor chunks): `size` bytes (at most 2 MiB), zeroed, 64-byte aligned,
+ * carved from units they share, so a few small records cost one unit of
+ * address space, not one each. Never given back. NULL when out of memory. */
+void *arena_meta(size_t size);
 /* Give back what arena_alloc returned (same size). */
 void arena_free(void *p, size_t size);
 
+/* fork: take every lock of the tier before, release them after (parent and
+ * child alike: in the child the forking thread, their owner, is the only one). */
 void arena_fork_prepare(void);
-void arena_fork_parent(void);
-void arena_fork_child(void);
+void arena_fork_release(void);
 
 struct arena_stats {
-    uint64_t reserved;   /* bytes of the reservation */
+    uint64_t reserved;   /* bytes of address space reserved */
     uint64_t units_used; /* 2 MiB units of the upper half in use now */
     uint64_t fallbacks;  /* allocations that had to map their own */
 };

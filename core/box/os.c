@@ -22,11 +22,75 @@ static _Atomic uint64_t os_counts[OS_NCALLS];
  * predictable from run to run. */
 #define OS_HINT_BASE  ((uintptr_t)4 << 40)  /* 4 TiB */
 #define OS_HINT_LIMIT ((uintptr_t)64 << 40) /* 64 TiB: past this, no more hints */
-static _Atomic uintptr_t os_hint;
+static _Atomic uintptr_t os_hint_next;
 
 static inline void os_count(enum os_call k) {
     atomic_fetch_add_explicit(&os_counts[k], 1, memory_order_relaxed);
 }
+
+#ifdef HAK_FAULT_INJECT
+static const char *const os_site_names[OS_NSITES] = {
+    [OS_SITE_MMAP] = "mmap",
+    [OS_SITE_MUNMAP] = "munmap",
+    [OS_SITE_DECOMMIT] = "decommit madvise",
+    [OS_SITE_HUGEPAGES] = "hugepages madvise",
+    [OS_SITE_RESERVE_PROBE] = "reserve lock-probe madvise",
+    [OS_SITE_RESERVE_UNLOCK] = "reserve munlock",
+    [OS_SITE_RESERVE_AT] = "reserve-at mmap",
+    [OS_SITE_RESERVE_PROT] = "readable mprotect",
+    [OS_SITE_COMMIT] = "commit mprotect",
+    [OS_SITE_COMMIT_LOCK] = "commit mlock",
+    [OS_SITE_UNCOMMIT_MAP] = "uncommit mmap",
+    [OS_SITE_UNCOMMIT_UNLOCK] = "uncommit munlock",
+    [OS_SITE_UNCOMMIT_DROP] = "uncommit madvise",
+    [OS_SITE_UNCOMMIT_PROT] = "uncommit mprotect",
+    [OS_SITE_RESIZE] = "resize mremap",
+    [OS_SITE_MOVE] = "move mremap",
+};
+static _Atomic uint64_t os_fault_n;                            /* calls since the last arm */
+static _Atomic uint64_t os_fault_lo = UINT64_MAX, os_fault_hi; /* fail calls lo+1 .. hi */
+static _Atomic uint64_t os_site_calls[OS_NSITES], os_site_failed[OS_NSITES];
+static _Atomic uint32_t os_fault_sites = ~(uint32_t)0; /* sites the window applies to */
+
+void os_fault_only(uint32_t sites) {
+    atomic_store(&os_fault_sites, sites);
+}
+
+void os_fault_arm(uint64_t skip, uint64_t count) {
+    atomic_store(&os_fault_lo, UINT64_MAX); /* nothing fails while the window moves */
+    atomic_store(&os_fault_n, 0);
+    atomic_store(&os_fault_hi, count > UINT64_MAX - skip ? UINT64_MAX : skip + count);
+    atomic_store(&os_fault_lo, skip);
+}
+void os_fault_disarm(void) {
+    atomic_store(&os_fault_lo, UINT64_MAX);
+}
+uint64_t os_fault_seen(void) {
+    return atomic_load(&os_fault_n);
+}
+uint64_t os_fault_site_calls(enum os_site s) {
+    return atomic_load(&os_site_calls[s]);
+}
+uint64_t os_fault_site_failed(enum os_site s) {
+    return atomic_load(&os_site_failed[s]);
+}
+const char *os_fault_site_name(enum os_site s) {
+    return os_site_names[s];
+}
+
+/* True when this call must fail; errno is then ENOMEM. */
+static bool os_fault(enum os_site s) {
+    atomic_fetch_add_explicit(&os_site_calls[s], 1, memory_order_relaxed);
+    if (!(atomic_load(&os_fault_sites) >> s & 1)) return false;
+    uint64_t n = atomic_fetch_add(&os_fault_n, 1) + 1;
+    if (n <= atomic_load(&os_fault_lo) || n > atomic_load(&os_fault_hi)) return false;
+    atomic_fetch_add_explicit(&os_site_failed[s], 1, memory_order_relaxed);
+    errno = ENOMEM;
+    return true;
+}
+#else
+#define os_fault(s) false
+#endif
 
 uint64_t os_calls(enum os_call kind) {
     return atomic_load_explicit(&os_counts[kind], memory_order_relaxed);
@@ -37,19 +101,23 @@ uint64_t os_calls(enum os_call kind) {
 
 static void *os_mmap_as(void *hint, size_t size, int prot, int flags) {
     os_count(OS_MMAP);
-    void *p = mmap(hint, size, prot, flags, -1, 0);
+    void *p = os_fault(OS_SITE_MMAP) ? MAP_FAILED : mmap(hint, size, prot, flags, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
-void os_unmap(void *p, size_t size) {
+bool os_unmap(void *p, size_t size) {
+    int saved = errno; /* free() must not change errno */
     os_count(OS_MUNMAP);
-    munmap(p, size);
+    bool ok = !os_fault(OS_SITE_MUNMAP) && munmap(p, size) == 0;
+    errno = saved;
+    return ok;
 }
 
 bool os_decommit(void *p, size_t size) {
     int saved = errno; /* free() must not change errno */
     os_count(OS_MADVISE);
-    bool ok = madvise(p, size, MADV_DONTNEED) == 0; /* EINVAL on locked pages */
+    /* EINVAL on locked pages */
+    bool ok = !os_fault(OS_SITE_DECOMMIT) && madvise(p, size, MADV_DONTNEED) == 0;
     errno = saved;
     return ok;
 }
@@ -57,7 +125,7 @@ bool os_decommit(void *p, size_t size) {
 bool os_hugepages(void *p, size_t size) {
     int saved = errno; /* a refusal is no failure of malloc */
     os_count(OS_MADVISE);
-    bool ok = madvise(p, size, MADV_HUGEPAGE) == 0;
+    bool ok = !os_fault(OS_SITE_HUGEPAGES) && madvise(p, size, MADV_HUGEPAGE) == 0;
     errno = saved;
     return ok;
 }
@@ -69,15 +137,14 @@ static uintptr_t os_hint_start(void) {
     return OS_HINT_BASE + (rnd << 24); /* + up to 1 TiB, 16 MiB steps */
 }
 
-/* Reserve `span` bytes of hint space aligned to `align`; 0 when exhausted. */
-static uintptr_t os_take_hint(size_t span, size_t align) {
-    uintptr_t cur = atomic_load_explicit(&os_hint, memory_order_relaxed);
+uintptr_t os_hint(size_t span, size_t align) {
+    uintptr_t cur = atomic_load_explicit(&os_hint_next, memory_order_relaxed);
     for (;;) {
         uintptr_t start = cur ? cur : os_hint_start();
         start = hak_align_up(start, align);
         uintptr_t next = start + hak_align_up(span, HAK_REGION_SIZE);
         if (next > OS_HINT_LIMIT) return 0;
-        if (atomic_compare_exchange_weak_explicit(&os_hint, &cur, next, memory_order_relaxed,
+        if (atomic_compare_exchange_weak_explicit(&os_hint_next, &cur, next, memory_order_relaxed,
                                                   memory_order_relaxed))
             return start;
     }
@@ -86,7 +153,7 @@ static uintptr_t os_take_hint(size_t span, size_t align) {
 /* A mapping of `size` aligned to `align` (> page) with the given protection
  * and flags: at a hint address, else over-mapped and trimmed. */
 static void *os_map_aligned_as(size_t size, size_t align, int prot, int flags) {
-    uintptr_t hint = os_take_hint(size, align);
+    uintptr_t hint = os_hint(size, align);
     if (hint) {
         void *p = os_mmap_as((void *)hint, size, prot, flags);
         if (p == NULL) return NULL;
@@ -144,58 +211,86 @@ void os_fork_child(void) {
     os_lock_future = false;
 }
 
+/* A reservation was just made at p (PROT_NONE): learn from it whether the
+ * program runs under mlockall(MCL_FUTURE), with or without MCL_ONFAULT (the
+ * kernel then counts the new mapping as locked memory), and if so unlock
+ * it: what is committed later is locked as it is committed (os_commit),
+ * and the rest must never be populated. lck0: VmLck before the mapping. */
+static void os_reserved(void *p, size_t size, long lck0) {
+    long lck = os_locked_kb();
+    if (lck0 >= 0 && lck >= 0) {
+        os_lock_future = lck - lck0 >= (long)(size / 2048); /* half of it, in KiB */
+    } else { /* no /proc: madvise refuses locked pages, touches none here */
+        os_count(OS_MADVISE);
+        os_lock_future =
+            os_fault(OS_SITE_RESERVE_PROBE) || madvise(p, HAK_PAGE_SIZE, MADV_DONTNEED) != 0;
+    }
+    if (os_lock_future) {
+        os_count(OS_MLOCK);
+        if (!os_fault(OS_SITE_RESERVE_UNLOCK)) munlock(p, size);
+    }
+}
+
+size_t os_as_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+    return rl.rlim_cur < SIZE_MAX ? (size_t)rl.rlim_cur : SIZE_MAX;
+}
+
 void *os_reserve(size_t *size, size_t min, size_t align) {
     int saved = errno; /* refused bigger tries are no failure */
     size_t want = *size;
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-        /* Reserved space counts against the limit: leave most of it to the
-         * rest of the program. */
-        while (want > min && want > rl.rlim_cur / 8)
-            want >>= 1;
-    }
-    long lck0 = os_locked_kb();
+    /* Reserved space counts against an address-space limit: leave most of
+     * it to the rest of the program. */
+    while (want > min && want > os_as_limit() / 8)
+        want >>= 1;
     for (; want >= min; want >>= 1) {
-        /* Inaccessible first: under mlockall(MCL_FUTURE) a readable mapping
-         * would be populated, page tables for every page of it. */
         size_t a = align < want ? align : want; /* over-mapping must stay possible */
+        long lck0 = os_locked_kb();
         uint8_t *p = os_map_aligned_as(want, a, PROT_NONE, OS_ANON | MAP_NORESERVE);
         if (p == NULL) continue;
-        /* Is it locked (mlockall(MCL_FUTURE), with or without MCL_ONFAULT)?
-         * Then the kernel counted it as locked memory. */
-        long lck = os_locked_kb();
-        if (lck0 >= 0 && lck >= 0) {
-            os_lock_future = lck - lck0 >= (long)(want / 2048); /* half of it, in KiB */
-        } else { /* no /proc: madvise refuses locked pages, touches none here */
-            os_count(OS_MADVISE);
-            int saved = errno;
-            os_lock_future = madvise(p, HAK_PAGE_SIZE, MADV_DONTNEED) != 0;
-            errno = saved;
-        }
-        if (os_lock_future) {
-            os_count(OS_MLOCK);
-            munlock(p, want);
-        }
-        os_count(OS_MPROTECT);
-        if (mprotect(p, want, PROT_READ) != 0) {
-            os_unmap(p, want);
-            continue;
-        }
+        os_reserved(p, want, lck0);
         *size = want;
         errno = saved;
         return p;
     }
+    errno = saved;
     return NULL;
+}
+
+bool os_reserve_at(void *p, size_t size) {
+    int saved = errno; /* a refusal is no failure of malloc */
+    long lck0 = os_locked_kb();
+    os_count(OS_MMAP);
+    /* A hint, not MAP_FIXED_NOREPLACE: the kernel honours it when the range
+     * is free, and the sanitizers' mmap, which drops hints outside their
+     * application ranges, turns a fixed address at 0 into a crash. */
+    void *q = os_fault(OS_SITE_RESERVE_AT)
+                  ? MAP_FAILED
+                  : mmap(p, size, PROT_NONE, OS_ANON | MAP_NORESERVE, -1, 0);
+    bool ok = q == p;
+    if (q != MAP_FAILED && !ok) os_unmap(q, size); /* placed elsewhere: the range is taken */
+    if (ok) os_reserved(p, size, lck0);
+    errno = saved;
+    return ok;
+}
+
+bool os_readable(void *p, size_t size) {
+    int saved = errno;
+    os_count(OS_MPROTECT);
+    bool ok = !os_fault(OS_SITE_RESERVE_PROT) && mprotect(p, size, PROT_READ) == 0;
+    errno = saved;
+    return ok;
 }
 
 bool os_commit(void *p, size_t size) {
     /* mprotect, not a MAP_FIXED mmap: a refusal (commit limit) then leaves
      * the place as it was, where some kernels would leave a hole. */
     os_count(OS_MPROTECT);
-    if (mprotect(p, size, OS_RW) != 0) return false;
+    if (os_fault(OS_SITE_COMMIT) || mprotect(p, size, OS_RW) != 0) return false;
     if (os_lock_future) {
         os_count(OS_MLOCK);
-        mlock(p, size);
+        if (!os_fault(OS_SITE_COMMIT_LOCK)) mlock(p, size);
     }
     return true;
 }
@@ -207,32 +302,42 @@ void os_uncommit(void *p, size_t size) {
      * charge (strict overcommit) and the "written" mark that would put
      * the range in core dumps. */
     os_count(OS_MMAP);
-    if (mmap(p, size, PROT_NONE, OS_ANON | MAP_FIXED | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
+    if (!os_fault(OS_SITE_UNCOMMIT_MAP) &&
+        /* MAP_FIXED over our own range: the result is p or MAP_FAILED, never
+         * new memory to keep (cppcheck's posix model counts every mmap as one). */
+        // cppcheck-suppress leakReturnValNotUsed
+        mmap(p, size, PROT_NONE, OS_ANON | MAP_FIXED | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
         if (os_lock_future) {
             os_count(OS_MLOCK);
-            munlock(p, size);
+            if (!os_fault(OS_SITE_UNCOMMIT_UNLOCK)) munlock(p, size);
         }
         os_count(OS_MPROTECT);
-        mprotect(p, size, PROT_READ);
+        if (!os_fault(OS_SITE_UNCOMMIT_PROT)) mprotect(p, size, PROT_READ);
     } else {
         /* Refused (map count limit): drop the pages where they are. */
         if (os_lock_future) {
             os_count(OS_MLOCK);
-            munlock(p, size); /* locked pages cannot be dropped */
+            /* locked pages cannot be dropped */
+            if (!os_fault(OS_SITE_UNCOMMIT_UNLOCK)) munlock(p, size);
         }
-        os_decommit(p, size);
+        os_count(OS_MADVISE);
+        /* Still refused: clear them. The place is handed out again as zero
+         * memory (chunk headers, bitmaps rely on it), and it is writable. */
+        if (os_fault(OS_SITE_UNCOMMIT_DROP) || madvise(p, size, MADV_DONTNEED) != 0)
+            memset(p, 0, size);
         os_count(OS_MPROTECT);
-        mprotect(p, size, PROT_READ);
+        if (!os_fault(OS_SITE_UNCOMMIT_PROT)) mprotect(p, size, PROT_READ);
     }
     errno = saved;
 }
 
 bool os_resize(void *p, size_t old_size, size_t new_size) {
     os_count(OS_MREMAP);
-    return mremap(p, old_size, new_size, 0) != MAP_FAILED;
+    return !os_fault(OS_SITE_RESIZE) && mremap(p, old_size, new_size, 0) != MAP_FAILED;
 }
 
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst) {
     os_count(OS_MREMAP);
-    return mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) != MAP_FAILED;
+    return !os_fault(OS_SITE_MOVE) &&
+           mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) != MAP_FAILED;
 }

@@ -13,7 +13,9 @@ enum os_call { OS_MMAP, OS_MUNMAP, OS_MADVISE, OS_MREMAP, OS_MPROTECT, OS_MLOCK,
 /* Anonymous read-write mapping of `size` bytes (a page multiple) whose start
  * is aligned to `align` (a power of two >= page). NULL when the OS refuses. */
 void *os_map_aligned(size_t size, size_t align);
-void os_unmap(void *p, size_t size);
+/* false when refused (splitting a mapping past the map count limit): the
+ * range is then still mapped. */
+bool os_unmap(void *p, size_t size);
 /* Give the pages back; they read as zero when touched again. false (and
  * the pages kept, contents and all) when the OS refuses: locked pages
  * (mlockall). errno is left alone. */
@@ -28,25 +30,82 @@ bool os_resize(void *p, size_t old_size, size_t new_size);
  * which it replaces), resizing it; no byte is copied. false when refused. */
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst);
 
-/* Reserve address space: the largest power-of-two size from *size down to
- * min (both powers of two >= page) that the OS grants, aligned to `align` or
- * to its own size when that is smaller,
- * read-only and reading as zeros, costing no memory and no commit charge;
- * *size says what was granted. Under an address-space limit (RLIMIT_AS) no
- * more than an eighth of it is asked for, unless that is below min. NULL
- * when not even min is granted. */
+/* The address-space limit (RLIMIT_AS) in bytes; SIZE_MAX when there is none. */
+size_t os_as_limit(void);
+
+/* A hint address for a `span`-byte mapping aligned to `align`, from an area
+ * well away from the kernel's own placements, never handed out twice; 0
+ * when that area is used up. */
+uintptr_t os_hint(size_t span, size_t align);
+
+/* Reserved address space: inaccessible (PROT_NONE, MAP_NORESERVE): no
+ * memory, no commit charge, and nothing mlockall(MCL_CURRENT) would populate.
+ * Under mlockall(MCL_FUTURE) it is unlocked at once (os_commit locks what it
+ * commits). It counts against RLIMIT_AS, though: reserve what is needed.
+ *
+ * os_reserve: the largest power-of-two size from *size down to min (both
+ * powers of two >= page) that the OS grants, aligned to `align` or to its
+ * own size when that is smaller; *size says what was granted. Under an
+ * address-space limit no more than an eighth of it is asked for, unless
+ * that is below min. NULL when not even min is granted. */
 void *os_reserve(size_t *size, size_t min, size_t align);
+/* Reserve exactly [p, p+size), where nothing is mapped; false when anything
+ * is in the way or the OS refuses (nothing is then changed). */
+bool os_reserve_at(void *p, size_t size);
+/* Make reserved [p, p+size) readable: it reads as zeros and still costs no
+ * memory. false when refused. */
+bool os_readable(void *p, size_t size);
 /* Make [p, p+size) inside a reservation readable and writable, zero-filled
  * (locked, if the program asked for all its memory locked). false, and
  * nothing changed, when the OS refuses. */
 bool os_commit(void *p, size_t size);
 /* Give [p, p+size) inside a reservation back to the OS: its pages go, the
- * addresses stay reserved, read-only and reading as zeros. */
+ * addresses stay reserved, read-only and reading as zeros (always: if the
+ * OS refuses to drop the pages, they are cleared). */
 void os_uncommit(void *p, size_t size);
 
 uint64_t os_calls(enum os_call kind);
 
 /* Fork child: what the parent learnt of mlockall does not hold there. */
 void os_fork_child(void);
+
+#ifdef HAK_FAULT_INJECT
+/* Test builds only (the release build has none of this): make OS calls fail
+ * as the kernel does when out of memory, map count or address space, with
+ * errno ENOMEM. After os_fault_arm(skip, count) the next `skip` calls go
+ * through, the `count` after them fail (UINT64_MAX: all, until disarmed),
+ * then calls go through again. Every call in this module counts: each
+ * memory call site (enum os_site) is one point of failure. */
+enum os_site {
+    OS_SITE_MMAP,            /* os_map_aligned, os_reserve: mmap */
+    OS_SITE_MUNMAP,          /* os_unmap */
+    OS_SITE_DECOMMIT,        /* os_decommit: madvise MADV_DONTNEED */
+    OS_SITE_HUGEPAGES,       /* os_hugepages: madvise MADV_HUGEPAGE */
+    OS_SITE_RESERVE_PROBE,   /* lock detection without /proc: madvise */
+    OS_SITE_RESERVE_UNLOCK,  /* a reservation under mlockall: munlock */
+    OS_SITE_RESERVE_AT,      /* os_reserve_at: mmap at a hint */
+    OS_SITE_RESERVE_PROT,    /* os_readable: mprotect PROT_READ */
+    OS_SITE_COMMIT,          /* os_commit: mprotect PROT_READ|PROT_WRITE */
+    OS_SITE_COMMIT_LOCK,     /* os_commit: mlock */
+    OS_SITE_UNCOMMIT_MAP,    /* os_uncommit: mmap MAP_FIXED */
+    OS_SITE_UNCOMMIT_UNLOCK, /* os_uncommit: munlock */
+    OS_SITE_UNCOMMIT_DROP,   /* os_uncommit, mapping refused: madvise MADV_DONTNEED */
+    OS_SITE_UNCOMMIT_PROT,   /* os_uncommit: mprotect PROT_READ */
+    OS_SITE_RESIZE,          /* os_resize: mremap */
+    OS_SITE_MOVE,            /* os_move: mremap MREMAP_FIXED */
+    OS_NSITES
+};
+void os_fault_arm(uint64_t skip, uint64_t count);
+void os_fault_disarm(void);
+/* Only the sites whose bit (1u << site) is set count towards the window and
+ * fail; the others always go through. All of them until changed. */
+void os_fault_only(uint32_t sites);
+/* Calls made since the last arm (failed or not). */
+uint64_t os_fault_seen(void);
+/* Per site: calls made, and calls failed on purpose, since start-up. */
+uint64_t os_fault_site_calls(enum os_site s);
+uint64_t os_fault_site_failed(enum os_site s);
+const char *os_fault_site_name(enum os_site s);
+#endif
 
 #endif

@@ -3,6 +3,7 @@
  * standard function and its hak_ twin call the same inline front code. */
 #include "hakmem.h"
 
+#include "box/arena.h"
 #include "box/stats.h"
 #include "front/front.h"
 #include "front/lifecycle.h"
@@ -30,12 +31,15 @@ static void *front_aligned(size_t align, size_t n) {
         /* Pool blocks follow 16-byte headers: aligned only to 16. */
         while ((cls >= POOL_FIRST && cls < POOL_END) || (small_class_size[cls] & (align - 1)))
             cls++;
-        if (cls < TINY_NCLASSES) return tiny_alloc(cls);
-        /* Coloured L2.5 blocks (one stride of size + 64 apart, sizes multiples
-         * of 4 KiB) are 64-byte aligned; for more, uncoloured ones. */
-        return align <= 64 ? l25_alloc(cls) : l25_alloc_aligned(cls);
+        void *p;
+        if (cls < TINY_NCLASSES)
+            p = tiny_alloc(cls);
+        else /* Coloured L2.5 blocks (one stride of size + 64 apart, sizes
+              * multiples of 4 KiB) are 64-byte aligned; for more, uncoloured ones. */
+            p = align <= 64 ? l25_alloc(cls) : l25_alloc_aligned(cls);
+        if (hak_likely(p != NULL)) return p;
     }
-    return large_alloc(n, align, false);
+    return large_alloc(n, align, false); /* also the last resort (front_malloc_slow) */
 }
 
 static void *front_calloc(size_t nmemb, size_t size) {
@@ -46,7 +50,8 @@ static void *front_calloc(size_t nmemb, size_t size) {
     }
     if (n > HAK_SMALL_MAX) return large_alloc(n, HAK_MIN_ALIGN, true);
     void *p = front_alloc_class(small_class_of(n));
-    if (p) memset(p, 0, n);
+    if (hak_unlikely(p == NULL)) return large_alloc(n, HAK_MIN_ALIGN, true); /* last resort */
+    memset(p, 0, n);
     return p;
 }
 
@@ -116,9 +121,11 @@ static void *front_realloc(void *p, size_t n) {
         return front_realloc_class(p, pool_class_of(p, e, "realloc"), n);
     case RMAP_L25:
         return front_realloc_class(p, l25_class_of(p, e, "realloc"), n);
-    case RMAP_LARGE:
-        if (n > HAK_SMALL_MAX) return large_realloc(p, e, n);
-        return front_move(p, large_usable_size(p, e, "realloc"), n);
+    case RMAP_LARGE: {
+        void *q = n > HAK_SMALL_MAX ? large_realloc(p, e, n) : NULL;
+        /* Pages not moved (mremap refused): bytes copied, as any block's. */
+        return q ? q : front_move(p, large_usable_size(p, e, "realloc"), n);
+    }
     default:
         diag_bad_pointer("realloc", "invalid pointer", p);
     }
@@ -174,11 +181,123 @@ static void *front_pvalloc(size_t n) {
 static int front_trim(void) {
     l25_thread_flush();
     bool tiny = tiny_trim(), ss = ss_trim(), pool = pool_trim(), l25 = l25_trim();
-    bool large = large_trim();
-    return tiny || ss || pool || l25 || large;
+    bool large = large_trim(), arena = arena_trim(); /* last: what the tiers gave back */
+    return tiny || ss || pool || l25 || large || arena;
 }
 
-static struct mallinfo2 front_mallinfo2(void) {
+/* Out of memory: a request the OS refused may succeed once every cache has
+ * given its memory back (a program that freed much of one size and now
+ * wants another, under an address-space limit or a full commit charge).
+ * After a NULL with errno ENOMEM, trim; true when that gave memory back,
+ * so the request is worth one more try. errno is left as it was. */
+static __attribute__((cold, noinline)) bool front_retry(void) {
+    if (errno != ENOMEM) return false;
+    bool any = front_trim() != 0;
+    errno = ENOMEM;
+    return any;
+}
+
+/* The tier's slow path for n. When a size-classed tier has no memory (its
+ * chunks, bundles and SuperSlabs come in megabytes), the last resort is a
+ * mapping of the block's own, which may still fit: an address-space limit
+ * nearly reached. */
+static void *front_malloc_slow(size_t n) {
+    void *p = NULL;
+    if (n <= HAK_SMALL_MAX) {
+        uint32_t cls = small_class_of(n);
+        if (cls < TINY_NCLASSES)
+            p = tiny_alloc_slow(cls);
+        else
+            p = cls < POOL_END ? pool_alloc_slow(cls) : l25_alloc_slow(cls);
+        if (hak_likely(p != NULL)) return p;
+    }
+    return large_alloc(n, HAK_MIN_ALIGN, false);
+}
+
+HAK_HIDDEN void *front_malloc_miss(size_t n) {
+    void *p = front_malloc_slow(n);
+    if (hak_unlikely(p == NULL) && front_retry()) p = front_malloc(n);
+    return p;
+}
+
+/* ---- entry points ---------------------------------------------------------
+ * Each is defined once, under its hak_ name; the standard names are aliases
+ * of the same code (below), so a program calling either runs one function.
+ * After a failure with ENOMEM, one more try once the caches gave their
+ * memory back (front_retry); malloc does it in front_malloc_miss. */
+HAK_API void *hak_malloc(size_t size) {
+    return front_malloc(size);
+}
+HAK_API void hak_free(void *ptr) {
+    front_free(ptr, "free");
+}
+HAK_API void *hak_calloc(size_t nmemb, size_t size) {
+    void *p = front_calloc(nmemb, size);
+    if (hak_unlikely(p == NULL) && front_retry()) p = front_calloc(nmemb, size);
+    return p;
+}
+HAK_API void *hak_realloc(void *ptr, size_t size) {
+    void *q = front_realloc(ptr, size);
+    /* NULL for size 0 means ptr was freed: nothing to retry. */
+    if (hak_unlikely(q == NULL) && (size != 0 || ptr == NULL) && front_retry())
+        q = front_realloc(ptr, size);
+    return q;
+}
+HAK_API void *hak_reallocarray(void *ptr, size_t nmemb, size_t size) {
+    void *q = front_reallocarray(ptr, nmemb, size);
+    if (hak_unlikely(q == NULL) && ((nmemb != 0 && size != 0) || ptr == NULL) && front_retry())
+        q = front_reallocarray(ptr, nmemb, size);
+    return q;
+}
+HAK_API int hak_posix_memalign(void **out, size_t alignment, size_t size) {
+    int rc = front_posix_memalign(out, alignment, size);
+    if (hak_unlikely(rc == ENOMEM)) {
+        int saved = errno;
+        errno = ENOMEM;
+        if (front_retry()) rc = front_posix_memalign(out, alignment, size);
+        errno = saved; /* reports through its return value only */
+    }
+    return rc;
+}
+HAK_API void *hak_aligned_alloc(size_t alignment, size_t size) {
+    void *p = front_aligned_alloc(alignment, size);
+    if (hak_unlikely(p == NULL) && front_retry()) p = front_aligned_alloc(alignment, size);
+    return p;
+}
+HAK_API void *hak_memalign(size_t alignment, size_t size) {
+    void *p = front_memalign(alignment, size);
+    if (hak_unlikely(p == NULL) && front_retry()) p = front_memalign(alignment, size);
+    return p;
+}
+HAK_API void *hak_valloc(size_t size) {
+    void *p = front_aligned(HAK_PAGE_SIZE, size);
+    if (hak_unlikely(p == NULL) && front_retry()) p = front_aligned(HAK_PAGE_SIZE, size);
+    return p;
+}
+HAK_API void *hak_pvalloc(size_t size) {
+    void *p = front_pvalloc(size);
+    if (hak_unlikely(p == NULL) && front_retry()) p = front_pvalloc(size);
+    return p;
+}
+HAK_API size_t hak_malloc_usable_size(void *ptr) {
+    return front_usable_size(ptr);
+}
+HAK_API void hak_free_sized(void *ptr, size_t size) {
+    (void)size;
+    front_free(ptr, "free_sized");
+}
+HAK_API void hak_free_aligned_sized(void *ptr, size_t alignment, size_t size) {
+    (void)alignment, (void)size;
+    front_free(ptr, "free_aligned_sized");
+}
+HAK_API int hak_malloc_trim(size_t pad) {
+    (void)pad;
+    return front_trim();
+}
+HAK_API void hak_malloc_stats(void) {
+    stats_print(2);
+}
+HAK_API struct mallinfo2 hak_mallinfo2(void) {
     struct l25_stats s;
     struct large_stats l;
     struct ss_stats t;
@@ -198,105 +317,26 @@ static struct mallinfo2 front_mallinfo2(void) {
     return mi;
 }
 
-/* ---- standard names ---------------------------------------------------- */
-HAK_API void *malloc(size_t n) {
-    return front_malloc(n);
-}
-HAK_API void free(void *p) {
-    front_free(p, "free");
-}
-HAK_API void *calloc(size_t nmemb, size_t size) {
-    return front_calloc(nmemb, size);
-}
-HAK_API void *realloc(void *p, size_t n) {
-    return front_realloc(p, n);
-}
-HAK_API void *reallocarray(void *p, size_t nmemb, size_t size) {
-    return front_reallocarray(p, nmemb, size);
-}
-HAK_API int posix_memalign(void **out, size_t align, size_t n) {
-    return front_posix_memalign(out, align, n);
-}
-HAK_API void *aligned_alloc(size_t align, size_t n) {
-    return front_aligned_alloc(align, n);
-}
-HAK_API void *memalign(size_t align, size_t n) {
-    return front_memalign(align, n);
-}
-HAK_API void *valloc(size_t n) {
-    return front_aligned(HAK_PAGE_SIZE, n);
-}
-HAK_API void *pvalloc(size_t n) {
-    return front_pvalloc(n);
-}
-HAK_API size_t malloc_usable_size(void *p) {
-    return front_usable_size(p);
-}
-HAK_API void free_sized(void *p, size_t size) {
-    (void)size;
-    front_free(p, "free_sized");
-}
-HAK_API void free_aligned_sized(void *p, size_t align, size_t size) {
-    (void)align, (void)size;
-    front_free(p, "free_aligned_sized");
-}
-HAK_API int malloc_trim(size_t pad) {
-    (void)pad;
-    return front_trim();
-}
-HAK_API struct mallinfo2 mallinfo2(void) {
-    return front_mallinfo2();
-}
-HAK_API void malloc_stats(void) {
-    stats_print(2);
-}
-
-/* ---- hak_ names ---------------------------------------------------------- */
-HAK_API void *hak_malloc(size_t n) {
-    return front_malloc(n);
-}
-HAK_API void hak_free(void *p) {
-    front_free(p, "free");
-}
-HAK_API void *hak_calloc(size_t nmemb, size_t size) {
-    return front_calloc(nmemb, size);
-}
-HAK_API void *hak_realloc(void *p, size_t n) {
-    return front_realloc(p, n);
-}
-HAK_API void *hak_reallocarray(void *p, size_t nmemb, size_t size) {
-    return front_reallocarray(p, nmemb, size);
-}
-HAK_API int hak_posix_memalign(void **out, size_t align, size_t n) {
-    return front_posix_memalign(out, align, n);
-}
-HAK_API void *hak_aligned_alloc(size_t align, size_t n) {
-    return front_aligned_alloc(align, n);
-}
-HAK_API void *hak_memalign(size_t align, size_t n) {
-    return front_memalign(align, n);
-}
-HAK_API void *hak_valloc(size_t n) {
-    return front_aligned(HAK_PAGE_SIZE, n);
-}
-HAK_API void *hak_pvalloc(size_t n) {
-    return front_pvalloc(n);
-}
-HAK_API size_t hak_malloc_usable_size(void *p) {
-    return front_usable_size(p);
-}
-HAK_API void hak_free_sized(void *p, size_t size) {
-    (void)size;
-    front_free(p, "free_sized");
-}
-HAK_API void hak_free_aligned_sized(void *p, size_t align, size_t size) {
-    (void)align, (void)size;
-    front_free(p, "free_aligned_sized");
-}
-HAK_API int hak_malloc_trim(size_t pad) {
-    (void)pad;
-    return front_trim();
-}
-HAK_API void hak_malloc_stats(void) {
-    stats_print(2);
-}
+/* ---- standard names ---------------------------------------------------------
+ * Left out of the sanitizer builds (HAK_NO_OVERRIDE), whose tests call the
+ * hak_ names while the sanitizer's own malloc serves everything else. */
+#ifndef HAK_NO_OVERRIDE
+#define HAK_ALIAS(name, target)                                                                    \
+    extern __typeof__(target) name __attribute__((alias(#target), visibility("default")))
+HAK_ALIAS(malloc, hak_malloc);
+HAK_ALIAS(free, hak_free);
+HAK_ALIAS(calloc, hak_calloc);
+HAK_ALIAS(realloc, hak_realloc);
+HAK_ALIAS(reallocarray, hak_reallocarray);
+HAK_ALIAS(posix_memalign, hak_posix_memalign);
+HAK_ALIAS(aligned_alloc, hak_aligned_alloc);
+HAK_ALIAS(memalign, hak_memalign);
+HAK_ALIAS(valloc, hak_valloc);
+HAK_ALIAS(pvalloc, hak_pvalloc);
+HAK_ALIAS(malloc_usable_size, hak_malloc_usable_size);
+HAK_ALIAS(free_sized, hak_free_sized);
+HAK_ALIAS(free_aligned_sized, hak_free_aligned_sized);
+HAK_ALIAS(malloc_trim, hak_malloc_trim);
+HAK_ALIAS(malloc_stats, hak_malloc_stats);
+HAK_ALIAS(mallinfo2, hak_mallinfo2);
+#endif

@@ -12,12 +12,23 @@
 #include "l25.h"
 #include "tiny.h"
 
+/* malloc(n) when the thread cache had nothing for it: the tiers' slow
+ * paths, and when the OS refused memory, once more after every cache gave
+ * its memory back (api.c). Out of line, so the fast path below keeps n in
+ * its argument register and tail-jumps here. */
+void *front_malloc_miss(size_t n);
+
 HAK_INLINE void *front_malloc(size_t n) {
-    if (hak_likely(n < TINY_LUT_N)) return tiny_alloc(small_class_lut[n]);
-    if (n <= TINY_MAX) return tiny_alloc(small_class_of(n));
-    if (n <= POOL_MAX) return pool_alloc(small_class_of(n));
-    if (n <= HAK_SMALL_MAX) return l25_alloc(small_class_of(n));
-    return large_alloc(n, HAK_MIN_ALIGN, false);
+    void *p = NULL;
+    if (hak_likely(n < TINY_LUT_N))
+        p = tiny_alloc_fast(small_class_lut[n]);
+    else if (n <= TINY_MAX)
+        p = tiny_alloc_fast(small_class_of(n));
+    else if (n <= POOL_MAX)
+        p = pool_alloc_fast(small_class_of(n));
+    else if (n <= HAK_SMALL_MAX)
+        p = l25_alloc_fast(small_class_of(n));
+    return hak_likely(p != NULL) ? p : front_malloc_miss(n);
 }
 
 /* A block of class cls from whichever tier serves that class. */

@@ -56,25 +56,21 @@ static void life_fork_prepare(void) {
     hak_in_fork = true;
 }
 
-static void life_fork_parent(void) {
+/* Parent and child alike: the forking thread releases what it took (in the
+ * child it is the only thread, and still the owner of every lock). */
+static void life_fork_release(void) {
     hak_in_fork = false;
-    arena_fork_parent();
-    large_fork_parent();
-    l25_fork_parent();
-    pool_fork_parent();
-    ss_fork_parent();
-    tiny_fork_parent();
+    arena_fork_release();
+    large_fork_release();
+    l25_fork_release();
+    pool_fork_release();
+    ss_fork_release();
+    tiny_fork_release();
 }
 
 static void life_fork_child(void) {
-    hak_in_fork = false;
     os_fork_child();
-    arena_fork_child();
-    large_fork_child();
-    l25_fork_child();
-    pool_fork_child();
-    ss_fork_child();
-    tiny_fork_child();
+    life_fork_release();
 }
 
 void hak_init(void) {
@@ -83,7 +79,7 @@ void hak_init(void) {
     if (!atomic_compare_exchange_strong(&life_state, &s, LIFE_STARTING)) return;
     config_load();
     life_key_ok = pthread_key_create(&life_key, life_thread_exit) == 0;
-    pthread_atfork(life_fork_prepare, life_fork_parent, life_fork_child);
+    pthread_atfork(life_fork_prepare, life_fork_release, life_fork_child);
     atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
 }
 

@@ -12,15 +12,14 @@
 #include <stdatomic.h>
 
 /* The SuperSlab range (ss.h): the lower half of the arena (box/arena.h),
- * 128 GiB when the OS grants it (64 Ki
- * SuperSlabs), less under valgrind or an address-space limit. */
+ * growing in place up to 128 GiB (64 Ki SuperSlabs). */
 #define SS_RANGE_MAX ((size_t)1 << 37)
 /* Written once, together, under ss_lock, before any pointer into the range
- * exists; read without synchronisation by free (see ss_contains). Until
+ * exists; read relaxed by free (see ss_contains). Until
  * then a base of 2^63 puts every user address outside. */
-uintptr_t ss_range_base = (uintptr_t)1 << 63;
-uintptr_t ss_range_span;
-static bool ss_range_refused;   /* the OS granted no range: never ask again */
+_Atomic uintptr_t ss_range_base = (uintptr_t)1 << 63;
+_Atomic uintptr_t ss_range_span;
+static bool ss_range_stuck;     /* the range could not grow: do not ask again */
 static uintptr_t ss_range_used; /* bytes from the base ever mapped */
 /* Bit i: the i-th SuperSlab of the range was given back to the OS and its
  * place can be mapped again. Lowest first, so the range stays compact. */
@@ -68,38 +67,40 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
 }
 
 /* Place for one more SuperSlab in the range: a given-back one, else the next
- * one past the used extent. 0 when the range is full or was refused. Lock
- * held. */
+ * one past the used extent, growing the range when it is full. 0 when it
+ * cannot grow; no more tries then until malloc_trim (or an allocation that
+ * failed) gave something back, so a full range costs no syscall per slab.
+ * Lock held. */
 static uintptr_t ss_range_take(void) {
-    if (ss_range_span == 0) {
-        if (ss_range_refused) return 0;
-        uintptr_t base;
-        size_t size;
-        if (!arena_ss_range(&base, &size)) {
-            ss_range_refused = true;
-            return 0;
-        }
-        ss_range_base = base;
-        __atomic_store_n(&ss_range_span, size, __ATOMIC_RELEASE); /* after the base */
-    }
+    uintptr_t base = atomic_load_explicit(&ss_range_base, memory_order_relaxed);
+    size_t span = atomic_load_explicit(&ss_range_span, memory_order_relaxed);
     if (ss_range_nfree) {
         for (size_t w = 0;; w++) {
             if (ss_range_free[w] == 0) continue;
             size_t i = w * 64 + (size_t)__builtin_ctzll(ss_range_free[w]);
             ss_range_free[w] &= ss_range_free[w] - 1;
             ss_range_nfree--;
-            return ss_range_base + i * SS_SIZE;
+            return base + i * SS_SIZE;
         }
     }
-    if (ss_range_used == ss_range_span) return 0;
+    if (ss_range_used == span) {
+        if (ss_range_stuck || !arena_ss_grow(&base, &span)) {
+            ss_range_stuck = true;
+            return 0;
+        }
+        /* Base first: a reader seeing the new span with the old base (2^63)
+         * still finds no user address inside. */
+        atomic_store_explicit(&ss_range_base, base, memory_order_relaxed);
+        atomic_store_explicit(&ss_range_span, span, memory_order_relaxed);
+    }
     ss_range_used += SS_SIZE;
-    return ss_range_base + ss_range_used - SS_SIZE;
+    return base + ss_range_used - SS_SIZE;
 }
 
 /* The place of a SuperSlab given back to the OS (or never mapped) is free
  * again. Lock held. */
 static void ss_range_put(uintptr_t a) {
-    size_t i = (a - ss_range_base) / SS_SIZE;
+    size_t i = (a - atomic_load_explicit(&ss_range_base, memory_order_relaxed)) / SS_SIZE;
     ss_range_free[i / 64] |= 1ull << (i % 64);
     ss_range_nfree++;
 }
@@ -220,9 +221,32 @@ void ss_release(struct ss_slab *s) {
     hak_unlock(&ss_lock);
 }
 
+/* Under an address-space limit, which counts reserved space too: places at
+ * the top of the range given back to the OS end the range again, and their
+ * reservation goes. Only pointers to given-back memory could point there,
+ * which free then finds outside the range: an invalid pointer. (Without a
+ * limit a reservation costs nothing: it stays, for reuse.) Lock held. */
+static bool ss_range_shrink(void) {
+    if (os_as_limit() == SIZE_MAX) return false;
+    size_t used = ss_range_used;
+    while (used > 0) {
+        size_t i = used / SS_SIZE - 1;
+        if (!(ss_range_free[i / 64] >> (i % 64) & 1)) break;
+        ss_range_free[i / 64] &= ~(1ull << (i % 64));
+        ss_range_nfree--;
+        used -= SS_SIZE;
+    }
+    ss_range_used = used; /* the places above are past the used extent again */
+    size_t span = atomic_load_explicit(&ss_range_span, memory_order_relaxed);
+    if (used == span || !arena_ss_shrink(used)) return false;
+    atomic_store_explicit(&ss_range_span, used, memory_order_relaxed);
+    return true;
+}
+
 bool ss_trim(void) {
     bool any = false;
     hak_lock(&ss_lock);
+    ss_range_stuck = false; /* memory was given back: the range may grow again */
     while (ss_cache) {
         struct superslab *ss = ss_cache;
         ss_unlink(&ss_cache, ss);
@@ -230,6 +254,7 @@ bool ss_trim(void) {
         ss_st.cached--;
         any = true;
     }
+    any |= ss_range_shrink();
     hak_unlock(&ss_lock);
     return any;
 }
@@ -237,11 +262,8 @@ bool ss_trim(void) {
 void ss_fork_prepare(void) {
     pthread_mutex_lock(&ss_lock);
 }
-void ss_fork_parent(void) {
+void ss_fork_release(void) {
     pthread_mutex_unlock(&ss_lock);
-}
-void ss_fork_child(void) {
-    pthread_mutex_init(&ss_lock, NULL);
 }
 
 void ss_get_stats(struct ss_stats *st) {

@@ -41,7 +41,10 @@ struct ss_slab {
      * for any other offset; valid_lim = carved * div_step. 0 and 0 in a slot
      * that was never cut, so nothing in it passes. */
     uint32_t div_mul; /* floor(2^32 / size) + 1 */
-    uint32_t valid_lim;
+    /* Written by the owner as it carves, read by any thread freeing a block
+     * of the slab: atomic, relaxed (a freer learnt of its block after the
+     * carve that raised the limit past it). */
+    _Atomic uint32_t valid_lim;
     uint16_t size;     /* block size */
     uint16_t capacity; /* blocks in the slot */
     uint16_t carved;   /* blocks ever carved, from the slot start */
@@ -60,16 +63,16 @@ struct superslab {
 };
 _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0");
 
-extern HAK_HIDDEN uintptr_t ss_range_base, ss_range_span;
+extern HAK_HIDDEN _Atomic uintptr_t ss_range_base, ss_range_span;
 
 /* True when p lies in the SuperSlab range (see above); false for everything
- * else, NULL included, and before the range exists. Plain reads of two
- * words written once (base, then span): a thread holding a pointer into the
- * range learnt of it after they were written. A reader racing that one
- * write may see a mixed pair, which puts no user address (below 2^47)
- * inside. Atomic loads would cost two instructions here. */
+ * else, NULL included, and before the range exists. Two words written once
+ * (base, then span), read relaxed: a thread holding a pointer into the range
+ * learnt of it after they were written, and a reader racing that one write
+ * may see a mixed pair, which puts no user address (below 2^47) inside. */
 HAK_INLINE bool ss_contains(const void *p) {
-    return (uintptr_t)p - ss_range_base < ss_range_span;
+    uintptr_t base = atomic_load_explicit(&ss_range_base, memory_order_relaxed);
+    return (uintptr_t)p - base < atomic_load_explicit(&ss_range_span, memory_order_relaxed);
 }
 
 HAK_INLINE struct superslab *ss_of(const void *p) {
@@ -111,13 +114,14 @@ static inline uint8_t *ss_slab_base(const struct ss_slab *s) {
  * below 2^16 + d < m), since the offset is below 2^16 and d at most 8 KiB. */
 HAK_INLINE bool ss_is_block(const struct ss_slab *s, const void *p) {
     uint32_t off = (uint32_t)((uintptr_t)p & (SS_SLOT_SIZE - 1));
-    return off * s->div_mul < s->valid_lim;
+    return off * s->div_mul < atomic_load_explicit(&s->valid_lim, memory_order_relaxed);
 }
 
 /* Record that the first n blocks of s have been carved. */
 static inline void ss_set_carved(struct ss_slab *s, uint32_t n) {
     s->carved = (uint16_t)n;
-    s->valid_lim = n * (s->size * s->div_mul); /* div_step, mod 2^32 */
+    /* n * div_step, mod 2^32 */
+    atomic_store_explicit(&s->valid_lim, n * (s->size * s->div_mul), memory_order_relaxed);
 }
 
 /* An ACTIVE slab for class cls (block size `size`), or NULL when out of
@@ -131,9 +135,10 @@ void ss_note_carved(size_t bytes);
 /* Unmap every cached SuperSlab; true when there was one. */
 bool ss_trim(void);
 
+/* fork: take every lock of the tier before, release them after (parent and
+ * child alike: in the child the forking thread, their owner, is the only one). */
 void ss_fork_prepare(void);
-void ss_fork_parent(void);
-void ss_fork_child(void);
+void ss_fork_release(void);
 
 struct ss_stats {
     uint64_t stage1;         /* EMPTY slot of the same class */
