@@ -2,6 +2,7 @@
 #include "l25.h"
 
 #include "box/arena.h"
+#include "box/clock.h"
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
@@ -10,7 +11,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
-#include <time.h>
 
 struct l25_shard {
     _Alignas(64) pthread_mutex_t lock;
@@ -37,6 +37,9 @@ static pthread_mutex_t l25_desc_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t l25_desc_top;
 static struct l25_bundle *l25_desc_free;
 static uint64_t l25_mapped, l25_unmapped, l25_bytes, l25_decommits; /* under l25_desc_lock */
+
+static _Atomic uint64_t l25_purge_next; /* ms: the next l25_purge l25_put makes */
+static _Atomic uint32_t l25_epoch;      /* l25_purge passes */
 
 /* Shards are handed to threads in turn. */
 static _Atomic uint32_t l25_next_shard;
@@ -194,12 +197,6 @@ static void l25_list_remove(struct l25_bundle **head, struct l25_bundle *b) {
     if (b->next) b->next->prev = b->prev;
 }
 
-static uint64_t l25_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); /* vDSO: no syscall */
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Work the shard's empty list asks for, done once the lock is dropped. */
 struct l25_todo {
     struct l25_bundle *b[L25_EMPTY_MAX + 2];
@@ -242,7 +239,7 @@ static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l
     if (b->listed) l25_list_remove(&s->partial, b);
     b->listed = false;
     b->committed = true;
-    b->empty_ms = l25_now_ms();
+    b->empty_ms = hak_now_ms();
     l25_list_push(&s->empty, b);
     s->nempty++;
     l25_tidy_empty(s, b->empty_ms, t);
@@ -327,7 +324,7 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
         l25_list_push(&s->partial, b);
         b->listed = true;
     }
-    if (s->empty) l25_tidy_empty(s, l25_now_ms(), &todo);
+    if (s->empty) l25_tidy_empty(s, hak_now_ms(), &todo);
     if (b == NULL) {
         hak_unlock(&s->lock);
         if ((b = l25_bundle_new(cls, sh)) == NULL) return 0;
@@ -394,6 +391,7 @@ static void l25_put(struct l25_bundle *b, void *p) {
     hak_lock(&s->lock);
     s->flushes++;
     s->carved_bytes -= b->size;
+    b->put_epoch = atomic_load_explicit(&l25_epoch, memory_order_relaxed);
     b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
     if (b->hint > i >> 6) b->hint = (uint32_t)(i >> 6);
     if (++b->navail == b->nblocks - b->first) {
@@ -402,8 +400,16 @@ static void l25_put(struct l25_bundle *b, void *p) {
         l25_list_push(&s->partial, b);
         b->listed = true;
     }
+    /* A look at the clock every 64 blocks back: time for a purge pass? */
+    bool look = (s->flushes & 63) == 0;
     hak_unlock(&s->lock);
     if (todo.n) l25_release(s, &todo); /* syscalls outside the lock */
+    if (hak_likely(!look)) return;
+    uint64_t now = hak_now_ms(), next = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
+    if (now >= next && atomic_compare_exchange_strong_explicit(
+                           &l25_purge_next, &next, now + hak_cfg.bigcache_age_ms,
+                           memory_order_relaxed, memory_order_relaxed))
+        l25_purge(now);
 }
 
 /* Move the first n blocks of this thread's cache of cls to their bundles. */
@@ -488,6 +494,27 @@ bool l25_trim(void) {
                 struct l25_bundle *next = empty->next;
                 l25_bundle_unmap(empty);
                 empty = next;
+                released = true;
+            }
+        }
+    }
+    return released;
+}
+
+bool l25_purge(uint64_t now) {
+    bool released = false;
+    uint32_t e = atomic_fetch_add_explicit(&l25_epoch, 1, memory_order_relaxed); /* ends now */
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
+            struct l25_shard *s = &l25_shards[cls][sh];
+            struct l25_todo todo = {.n = 0};
+            hak_lock(&s->lock);
+            if (s->empty) l25_tidy_empty(s, now, &todo);
+            for (struct l25_bundle *b = s->partial; b; b = b->next)
+                if ((int32_t)(e - b->put_epoch) >= 1) released |= l25_decommit_free(b);
+            hak_unlock(&s->lock);
+            if (todo.n) {
+                l25_release(s, &todo);
                 released = true;
             }
         }

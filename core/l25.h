@@ -60,6 +60,7 @@ struct l25_bundle {
     bool listed;                    /* on the shard's partial list */
     bool committed;                 /* empty, its pages not given back yet */
     uint64_t empty_ms;              /* when it last became empty */
+    uint32_t put_epoch;             /* l25_purge pass in which a block last came back */
     struct l25_bundle *next, *prev; /* partial or empty list; free descriptors */
     /* The bitmaps of a bundle of at most 64 blocks. */
     _Atomic uint64_t live1;
@@ -151,6 +152,10 @@ void l25_thread_flush(void);
 /* malloc_trim: unmap empty bundles, decommit the free blocks of the others;
  * true when memory went back to the OS. */
 bool l25_trim(void);
+/* Decommit or unmap empty bundles unused for the cache age, and the free
+ * blocks of bundles none came back to since the previous pass; true when
+ * memory went back. l25_put makes such a pass every HAKMEM_BIGCACHE_AGE_MS. */
+bool l25_purge(uint64_t now);
 
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */

@@ -4,6 +4,7 @@
  * pointer is the one it handed out. */
 #include "large.h"
 
+#include "box/clock.h"
 #include "box/config.h"
 #include "box/diag.h"
 #include "box/lock.h"
@@ -15,7 +16,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
-#include <time.h>
 
 #define LARGE_LIVE     0x68616b4c4956450aull /* "hakLIVE" */
 #define LARGE_FREE     0x68616b465245450aull /* "hakFREE" */
@@ -61,12 +61,6 @@ static _Atomic uint64_t large_n_allocs, large_n_frees, large_n_hits, large_n_inp
 
 static inline void large_add(_Atomic uint64_t *c, int64_t d) {
     atomic_fetch_add_explicit(c, (uint64_t)d, memory_order_relaxed);
-}
-
-static uint64_t large_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts); /* vDSO: no syscall */
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 /* The class of a mapping of `size` bytes (a page multiple > 0): the smallest
@@ -204,7 +198,7 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool an
             break;
         }
     }
-    nold = large_cache_expire(lc, large_now_ms(), old, LARGE_NCLASSES * LARGE_CLASS_N);
+    nold = large_cache_expire(lc, hak_now_ms(), old, LARGE_NCLASSES * LARGE_CLASS_N);
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold);
     if (got.h == NULL) return NULL;
@@ -224,7 +218,7 @@ static void large_cache_put(struct large_hdr *h) {
         large_release(h, h->map_size);
         return;
     }
-    uint64_t now = large_now_ms();
+    uint64_t now = hak_now_ms();
     hak_lock(&lc->lock);
     if (lc->count[c] == LARGE_CLASS_N) {
         old[nold] = large_cache_remove(lc, c, 0);
@@ -244,7 +238,7 @@ static void large_cache_put(struct large_hdr *h) {
 
 static void large_cache_retire(const struct large_entry *out, uint32_t n) {
     struct large_cache *lc = &large_cache;
-    uint64_t now = large_now_ms();
+    uint64_t now = hak_now_ms();
     for (uint32_t i = 0; i < n; i++) {
         struct large_entry e = out[i];
         if (e.freed_ms == 0 || e.decommitted || now - e.freed_ms >= 2 * hak_cfg.bigcache_age_ms) {

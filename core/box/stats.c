@@ -68,6 +68,7 @@ void stats_print(int fd) {
     stats_line(fd, "ss.cached", t.cached);
     stats_line(fd, "ss.retired", t.retired);
     stats_line(fd, "ss.unmapped", t.unmapped);
+    stats_line(fd, "slot.purged", t.purged);
     struct pool_stats o;
     pool_get_stats(&o);
     stats_line(fd, "pool.chunks_mapped", o.chunks_mapped);

@@ -4,6 +4,8 @@
 #include "hakmem.h"
 
 #include "box/arena.h"
+#include "box/clock.h"
+#include "box/config.h"
 #include "box/stats.h"
 #include "front/front.h"
 #include "front/lifecycle.h"
@@ -180,9 +182,14 @@ static void *front_pvalloc(size_t n) {
 
 static int front_trim(void) {
     l25_thread_flush();
-    bool tiny = tiny_trim(), ss = ss_trim(), pool = pool_trim(), l25 = l25_trim();
-    bool large = large_trim(), arena = arena_trim(); /* last: what the tiers gave back */
-    return tiny || ss || pool || l25 || large || arena;
+    bool any = tiny_trim();
+    any |= ss_trim();
+    any |= ss_purge(true);
+    any |= pool_trim();
+    any |= l25_trim();
+    any |= large_trim();
+    any |= arena_trim(); /* last: what the tiers gave back */
+    return any;
 }
 
 /* Out of memory: a request the OS refused may succeed once every cache has
@@ -197,27 +204,55 @@ static __attribute__((cold, noinline)) bool front_retry(void) {
     return any;
 }
 
-/* The tier's slow path for n. When a size-classed tier has no memory (its
- * chunks, bundles and SuperSlabs come in megabytes), the last resort is a
- * mapping of the block's own, which may still fit: an address-space limit
- * nearly reached. */
-static void *front_malloc_slow(size_t n) {
-    void *p = NULL;
-    if (n <= HAK_SMALL_MAX) {
-        uint32_t cls = small_class_of(n);
-        if (cls < TINY_NCLASSES)
-            p = tiny_alloc_slow(cls);
-        else
-            p = cls < POOL_END ? pool_alloc_slow(cls) : l25_alloc_slow(cls);
-        if (hak_likely(p != NULL)) return p;
-    }
-    return large_alloc(n, HAK_MIN_ALIGN, false);
+/* A small block (class cls) its tier could not serve: the last resort is a
+ * mapping of the block's own, which may still fit (an address-space limit
+ * nearly reached: the tiers' chunks, bundles and SuperSlabs come in
+ * megabytes), then, after every cache gave its memory back, both again. */
+static __attribute__((cold, noinline)) void *front_small_failed(uint32_t cls) {
+    size_t n = small_class_size[cls];
+    void *p = large_alloc(n, HAK_MIN_ALIGN, false);
+    if (p == NULL && front_retry()) p = front_malloc(n);
+    return p;
 }
 
-HAK_HIDDEN void *front_malloc_miss(size_t n) {
-    void *p = front_malloc_slow(n);
-    if (hak_unlikely(p == NULL) && front_retry()) p = front_malloc(n);
+static __attribute__((noinline)) void *front_large_miss(size_t n) {
+    void *p = large_alloc(n, HAK_MIN_ALIGN, false);
+    if (hak_unlikely(p == NULL) && front_retry()) p = large_alloc(n, HAK_MIN_ALIGN, false);
     return p;
+}
+
+/* Ageing the caches from the allocating side too (the tiers age what comes
+ * back to them as it comes back; a program that stops freeing some sizes
+ * must still see their memory go): every HAKMEM_BIGCACHE_AGE_MS at most,
+ * one thread makes the tiers' purge passes. A thread looks at the clock
+ * once per FRONT_PURGE_TICK misses. */
+#define FRONT_PURGE_TICK 64
+static _Atomic uint64_t front_purge_next; /* ms */
+static __thread uint32_t front_purge_tick;
+
+static __attribute__((noinline)) void front_purge(void) {
+    front_purge_tick = FRONT_PURGE_TICK;
+    uint64_t now = hak_now_ms(),
+             next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);
+    if (now < next) return;
+    /* One thread does it; the others go on. */
+    if (!atomic_compare_exchange_strong_explicit(&front_purge_next, &next,
+                                                 now + hak_cfg.bigcache_age_ms,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return;
+    ss_purge(false);
+    l25_purge(now);
+}
+
+HAK_HIDDEN void *front_malloc_miss(size_t n, uint32_t cls) {
+    if (hak_unlikely(front_purge_tick-- == 0)) front_purge();
+    if (cls >= SMALL_NCLASSES) return front_large_miss(n);
+    void *p;
+    if (cls < TINY_NCLASSES)
+        p = tiny_alloc_slow(cls);
+    else
+        p = cls < POOL_END ? pool_alloc_slow(cls) : l25_alloc_slow(cls);
+    return hak_likely(p != NULL) ? p : front_small_failed(cls);
 }
 
 /* ---- entry points ---------------------------------------------------------

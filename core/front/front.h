@@ -12,23 +12,30 @@
 #include "l25.h"
 #include "tiny.h"
 
-/* malloc(n) when the thread cache had nothing for it: the tiers' slow
- * paths, and when the OS refused memory, once more after every cache gave
- * its memory back (api.c). Out of line, so the fast path below keeps n in
- * its argument register and tail-jumps here. */
-void *front_malloc_miss(size_t n);
+/* malloc(n) when the thread cache had nothing for it (cls: n's class, or
+ * SMALL_NCLASSES for a Large block): the tiers' slow paths, and when the OS
+ * refused memory, once more after every cache gave its memory back
+ * (api.c). Out of line, so the fast path below keeps its arguments in
+ * their registers and tail-jumps here. */
+void *front_malloc_miss(size_t n, uint32_t cls);
 
 HAK_INLINE void *front_malloc(size_t n) {
     void *p = NULL;
-    if (hak_likely(n < TINY_LUT_N))
-        p = tiny_alloc_fast(small_class_lut[n]);
-    else if (n <= TINY_MAX)
-        p = tiny_alloc_fast(small_class_of(n));
-    else if (n <= POOL_MAX)
-        p = pool_alloc_fast(small_class_of(n));
-    else if (n <= HAK_SMALL_MAX)
-        p = l25_alloc_fast(small_class_of(n));
-    return hak_likely(p != NULL) ? p : front_malloc_miss(n);
+    uint32_t cls = SMALL_NCLASSES;
+    if (hak_likely(n < TINY_LUT_N)) {
+        cls = small_class_lut[n];
+        p = tiny_alloc_fast(cls);
+    } else if (n <= TINY_MAX) {
+        cls = small_class_of(n);
+        p = tiny_alloc_fast(cls);
+    } else if (n <= POOL_MAX) {
+        cls = small_class_of(n);
+        p = pool_alloc_fast(cls);
+    } else if (n <= HAK_SMALL_MAX) {
+        cls = small_class_of(n);
+        p = l25_alloc_fast(cls);
+    }
+    return hak_likely(p != NULL) ? p : front_malloc_miss(n, cls);
 }
 
 /* A block of class cls from whichever tier serves that class. */

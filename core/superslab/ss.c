@@ -3,6 +3,7 @@
 #include "superslab/ss.h"
 
 #include "box/arena.h"
+#include "box/clock.h"
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
@@ -31,6 +32,8 @@ static struct superslab *ss_partial;            /* SuperSlabs with an UNUSED slo
 static struct ss_slab *ss_empty[TINY_NCLASSES]; /* EMPTY slabs by class */
 static struct superslab *ss_cache;              /* all-empty, decommitted */
 static struct ss_stats ss_st;
+static uint8_t ss_epoch;           /* ss_purge passes, mod 256 */
+static uint64_t ss_purge_next;     /* ms: the next pass ss_release makes */
 static _Atomic uint64_t ss_carved; /* bytes carved in slabs not reset since */
 
 void ss_note_carved(size_t bytes) {
@@ -208,16 +211,25 @@ static void ss_retire(struct superslab *ss) {
     }
 }
 
+static bool ss_purge_locked(bool all);
+
 void ss_release(struct ss_slab *s) {
     struct superslab *ss = ss_of(s);
     hak_lock(&ss_lock);
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_relaxed);
     s->state = SS_EMPTY;
+    s->epoch = ss_epoch;
     ss_slab_push(&ss_empty[s->cls], s);
     ss->nactive--;
     ss->nempty++;
     ss_st.releases++;
     if (ss->nactive == 0) ss_retire(ss);
+    /* Ageing: slots released are the ones a purge may find empty later. */
+    uint64_t now = hak_now_ms();
+    if (now >= ss_purge_next) {
+        ss_purge_next = now + hak_cfg.bigcache_age_ms;
+        ss_purge_locked(false);
+    }
     hak_unlock(&ss_lock);
 }
 
@@ -255,6 +267,37 @@ bool ss_trim(void) {
         any = true;
     }
     any |= ss_range_shrink();
+    hak_unlock(&ss_lock);
+    return any;
+}
+
+/* Slots ss_purge decommits per pass: the calls run under the lock. */
+#define SS_PURGE_BATCH 128
+
+/* Lock held. */
+static bool ss_purge_locked(bool all) {
+    uint32_t n = 0, max = all ? UINT32_MAX : SS_PURGE_BATCH;
+    for (uint32_t cls = 0; cls < TINY_NCLASSES && n < max; cls++) {
+        for (struct ss_slab *s = ss_empty[cls]; s && n < max; s = s->next) {
+            /* Empty since an earlier pass, and still holding carved blocks
+             * (a slot purged before is carved 0: nothing of it is resident). */
+            if (s->carved == 0 || (s->epoch == ss_epoch && !all)) continue;
+            if (!os_decommit(ss_slab_base(s), SS_SLOT_SIZE)) continue; /* locked pages */
+            atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size,
+                                      memory_order_relaxed);
+            s->free = NULL; /* its links went with the pages */
+            ss_set_carved(s, 0);
+            n++;
+        }
+    }
+    ss_epoch++;
+    ss_st.purged += n;
+    return n > 0;
+}
+
+bool ss_purge(bool all) {
+    hak_lock(&ss_lock);
+    bool any = ss_purge_locked(all);
     hak_unlock(&ss_lock);
     return any;
 }

@@ -52,6 +52,7 @@ struct ss_slab {
     uint8_t cls;
     uint8_t state; /* enum ss_state; changed under the SuperSlab lock */
     uint8_t where; /* which of its heap's lists it is on (tiny.c) */
+    uint8_t epoch; /* EMPTY: the purge epoch it became empty in (ss_purge) */
 };
 _Static_assert(sizeof(struct ss_slab) <= 64, "slab descriptor must fit a cache line");
 
@@ -134,6 +135,12 @@ void ss_release(struct ss_slab *s);
 void ss_note_carved(size_t bytes);
 /* Unmap every cached SuperSlab; true when there was one. */
 bool ss_trim(void);
+/* Give back the pages of slots empty since the previous call (at most a
+ * batch of them); with `all`, of every empty slot (malloc_trim). true when
+ * some went. ss_release makes such a pass every HAKMEM_BIGCACHE_AGE_MS. An
+ * empty slot keeps its pages and its blocks (its class takes it back
+ * without carving) until then; after, it is carved again when taken. */
+bool ss_purge(bool all);
 
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */
@@ -149,6 +156,7 @@ struct ss_stats {
     uint64_t releases;       /* slots given back */
     uint64_t retired;        /* SuperSlabs whose slots all came back */
     uint64_t unmapped;       /* SuperSlabs returned to the OS */
+    uint64_t purged;         /* empty slots whose pages were given back */
     uint64_t live, cached;   /* SuperSlabs mapped now; of those, in the cache */
     uint64_t carved_bytes;   /* bytes carved into blocks in ACTIVE/EMPTY slabs */
 };

@@ -1,0 +1,153 @@
+/* Free memory goes back to the OS: at malloc_trim, and without it once it
+ * has been unused for HAKMEM_BIGCACHE_AGE_MS (here 50 ms), on the program's
+ * own later calls. A long-running program (redis) that stops using some
+ * sizes must not keep their memory: it once kept every empty 64 KiB slot of
+ * a SuperSlab one of whose slots was still in use, and the free blocks of
+ * L2.5 bundles, until malloc_trim, which redis never calls. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "box/config.h"
+#include "hakmem.h"
+#include "maps.h"
+#include "superslab/ss.h"
+
+#include <malloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KiB    ((size_t)1 << 10)
+#define AGE_MS 50
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* Resident pages among the first byte of each block's pages. */
+static size_t resident(void **b, size_t n, size_t size) {
+    size_t r = 0;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < size; k += 4096)
+            r += maps_resident((uint8_t *)b[i] + k);
+    return r;
+}
+
+/* Slots of two classes alternate in the SuperSlabs; every block of one
+ * class is freed while the other keeps each SuperSlab in use. */
+enum { ROUNDS = 200, NA = 51, NB = 8 };
+static void *a[ROUNDS * NA], *bk[ROUNDS * NB];
+
+static void fill_two_classes(void) {
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int i = 0; i < NA; i++)
+            memset(a[r * NA + i] = malloc(1100), 1, 1100);
+        for (int i = 0; i < NB; i++)
+            memset(bk[r * NB + i] = malloc(8000), 2, 8000);
+    }
+}
+
+static void free_all(void **b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        free(b[i]);
+}
+
+/* Pages of the 1100 B blocks' slots that are still resident, read after
+ * the blocks were freed (the addresses stay valid: their slots are not
+ * given back, only their pages). */
+static size_t slot_pages_resident(void) {
+    size_t r = 0;
+    for (size_t i = 0; i < ROUNDS * NA; i += NA)
+        for (size_t k = 0; k < 64 * KiB; k += 4096)
+            r += maps_resident((uint8_t *)ss_slab_base(ss_slab_of(a[i])) + k);
+    return r;
+}
+
+static void test_trim_gives_back_empty_slots(void **state) {
+    (void)state;
+    fill_two_classes();
+    free_all(a, ROUNDS * NA);
+    size_t before = slot_pages_resident();
+    malloc_trim(0);
+    size_t after = slot_pages_resident();
+    print_message("empty slots: %zu pages resident before malloc_trim, %zu after\n", before, after);
+    assert_true(before > ROUNDS * 8);
+    assert_true(after < before / 10);
+    free_all(bk, ROUNDS * NB);
+    /* The slots work again: carved anew. */
+    fill_two_classes();
+    free_all(a, ROUNDS * NA);
+    free_all(bk, ROUNDS * NB);
+}
+
+/* Without malloc_trim: slots empty for the age go on later calls. */
+static void test_empty_slots_age_out(void **state) {
+    (void)state;
+    malloc_trim(0);
+    fill_two_classes();
+    free_all(a, ROUNDS * NA);
+    size_t before = slot_pages_resident();
+    /* Two ages of a program that goes on allocating other sizes. */
+    void *keep[4096];
+    for (int t = 0; t < 4 * 3; t++) {
+        for (int i = 0; i < 4096; i++)
+            keep[i] = malloc(24 + (i % 7) * 16);
+        for (int i = 0; i < 4096; i++)
+            free(keep[i]);
+        sleep_ms(AGE_MS / 2);
+    }
+    size_t after = slot_pages_resident();
+    print_message("empty slots: %zu pages resident, %zu after two ages\n", before, after);
+    assert_true(before > ROUNDS * 8);
+    assert_true(after < before / 10);
+    free_all(bk, ROUNDS * NB);
+}
+
+/* L2.5: free blocks of bundles that still have blocks out go back once no
+ * block came back to the bundle for an age, on later calls. */
+static void test_l25_free_blocks_age_out(void **state) {
+    (void)state;
+    enum { N = 64 };
+    static void *b[N];
+    const size_t size = 200 * KiB;
+    for (int i = 0; i < N; i++)
+        memset(b[i] = malloc(size), 3, size);
+    for (int i = 0; i < N; i += 2) /* every other one: bundles stay in use */
+        free(b[i]);
+    size_t before = 0, after;
+    for (int i = 0; i < N; i += 2)
+        before += resident(&b[i], 1, size);
+    void *keep[4096];
+    for (int t = 0; t < 4 * 3; t++) {
+        for (int i = 0; i < 4096; i++)
+            keep[i] = malloc(24 + (i % 7) * 16);
+        for (int i = 0; i < 4096; i++)
+            free(keep[i]);
+        sleep_ms(AGE_MS / 2);
+    }
+    after = 0;
+    for (int i = 0; i < N; i += 2)
+        after += resident(&b[i], 1, size);
+    print_message("freed L2.5 blocks: %zu pages resident, %zu after two ages\n", before, after);
+    assert_true(before > N / 2 * 40);
+    assert_true(after < before / 4);
+    for (int i = 1; i < N; i += 2) { /* the live ones are intact */
+        for (size_t k = 0; k < size; k += 4096)
+            assert_int_equal(((uint8_t *)b[i])[k], 3);
+        free(b[i]);
+    }
+}
+
+int main(void) {
+    hak_cfg.bigcache_age_ms = AGE_MS;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trim_gives_back_empty_slots),
+        cmocka_unit_test(test_empty_slots_age_out),
+        cmocka_unit_test(test_l25_free_blocks_age_out),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
