@@ -225,7 +225,8 @@ static void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t
     }
     for (struct l25_bundle *b = s->empty, *next; b && b->committed && t->n < room; b = next) {
         next = b->next;
-        if (now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
+        /* (empty_ms may be later than a now read before the walk) */
+        if (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
         l25_list_remove(&s->empty, b);
         s->nempty--;
         t->b[t->n] = b;
@@ -404,12 +405,7 @@ static void l25_put(struct l25_bundle *b, void *p) {
     bool look = (s->flushes & 63) == 0;
     hak_unlock(&s->lock);
     if (todo.n) l25_release(s, &todo); /* syscalls outside the lock */
-    if (hak_likely(!look)) return;
-    uint64_t now = hak_now_ms(), next = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
-    if (now >= next && atomic_compare_exchange_strong_explicit(
-                           &l25_purge_next, &next, now + hak_cfg.bigcache_age_ms,
-                           memory_order_relaxed, memory_order_relaxed))
-        l25_purge(now);
+    if (hak_unlikely(look)) l25_age();
 }
 
 /* Move the first n blocks of this thread's cache of cls to their bundles. */
@@ -471,8 +467,8 @@ static bool l25_decommit_free(struct l25_bundle *b) {
             uintptr_t hi = last == b->nblocks ? (uintptr_t)b->base + b->span
                                               : ((uintptr_t)b->base + last * b->stride) &
                                                     ~(uintptr_t)(HAK_PAGE_SIZE - 1);
-            if (hi > lo) os_decommit((void *)lo, hi - lo);
-            any = true;
+            /* Counted only when pages went (not refused: mlockall). */
+            if (hi > lo && os_decommit((void *)lo, hi - lo)) any = true;
         }
     }
     return any;
@@ -501,7 +497,7 @@ bool l25_trim(void) {
     return released;
 }
 
-bool l25_purge(uint64_t now) {
+static bool l25_purge(uint64_t now) {
     bool released = false;
     uint32_t e = atomic_fetch_add_explicit(&l25_epoch, 1, memory_order_relaxed); /* ends now */
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
@@ -520,6 +516,16 @@ bool l25_purge(uint64_t now) {
         }
     }
     return released;
+}
+
+bool l25_age(void) {
+    uint64_t now = hak_now_ms(), next = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
+    /* Due, and this thread is the one to do it. */
+    if (now < next || !atomic_compare_exchange_strong_explicit(
+                          &l25_purge_next, &next, now + hak_cfg.bigcache_age_ms,
+                          memory_order_relaxed, memory_order_relaxed))
+        return false;
+    return l25_purge(now);
 }
 
 /* ---- fork and stats -------------------------------------------------------------- */

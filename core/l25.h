@@ -152,10 +152,11 @@ void l25_thread_flush(void);
 /* malloc_trim: unmap empty bundles, decommit the free blocks of the others;
  * true when memory went back to the OS. */
 bool l25_trim(void);
-/* Decommit or unmap empty bundles unused for the cache age, and the free
- * blocks of bundles none came back to since the previous pass; true when
- * memory went back. l25_put makes such a pass every HAKMEM_BIGCACHE_AGE_MS. */
-bool l25_purge(uint64_t now);
+/* When a pass is due (every HAKMEM_BIGCACHE_AGE_MS; one timer, whoever
+ * calls: l25_put makes them too), decommit or unmap empty bundles unused for
+ * the cache age, and the free blocks of bundles nothing came back to since
+ * the previous pass; true when memory went back. */
+bool l25_age(void);
 
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */

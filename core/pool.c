@@ -270,8 +270,9 @@ void pool_free_remote(void *p, struct pool_chunk *c) {
 static bool pool_heap_tidy(struct pool_heap *h, bool all) {
     uint64_t before = atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed);
     pool_drain(h);
+    /* The current chunk stays current while it has blocks out: dropped, its
+     * uncarved tail would be lost until they all came back. */
     if (h->cur && h->cur->out == 0) pool_chunk_release(h, h->cur);
-    h->cur = NULL; /* a chunk half carved is released when its blocks are back */
     while (all && h->spares) {
         struct pool_chunk *c = h->spares;
         h->spares = c->all_next;

@@ -16,6 +16,7 @@
 #include "box/os.h"
 #include "hakmem.h"
 #include "maps.h"
+#include "superslab/ss.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -443,7 +444,121 @@ static void test_locks_free_and_sites_covered(void **state) {
 #endif
 }
 
-int main(void) {
+/* ---- fresh processes (this binary re-executed) ---------------------------------------- */
+
+/* Under an address-space limit whose 1/32 is no power of two of 2 MiB
+ * (200 MB: 6 MiB), a refused growth step is halved: steps must stay whole
+ * SuperSlabs (a 3 MiB step left the range never full again, every Tiny
+ * refill a refused mprotect, its blocks served one by one elsewhere; with
+ * the window reserved whole, SuperSlabs outside the range: free aborted). */
+static int child_odd_step(void) {
+    struct rlimit rl = {200ul << 20, 200ul << 20};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) return 2;
+    void *p = malloc(64); /* the window is placed */
+    os_fault_only(1u << OS_SITE_RESERVE_AT);
+    os_fault_arm(0, 1); /* the next growth in place is refused once */
+    size_t out = 0;
+    for (int i = 0; i < 8 * 31744; i++) {
+        void *q = malloc(64);
+        if (q == NULL) return 3;
+        out += !ss_contains(q);
+    }
+    os_fault_disarm();
+    free(p);
+    if (ss_range_span % (2u << 20)) return 4;
+    return out == 0 ? 0 : 5;
+}
+
+/* A commit the OS refuses (RLIMIT_DATA, strict overcommit) under an
+ * address-space limit: malloc must come back with NULL. Its retry after a
+ * trim used to go on for ever: each try reserved address space, the commit
+ * failed, the trim gave the reservation back (progress!), and again. */
+static int child_data_limit(void) {
+    struct rlimit as = {4ul << 30, 4ul << 30}, data = {64ul << 20, 64ul << 20};
+    if (setrlimit(RLIMIT_AS, &as) != 0 || setrlimit(RLIMIT_DATA, &data) != 0) return 2;
+    alarm(30);
+    static const size_t sizes[] = {64, 4000, 20000, 100000};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = 0;
+        void *first = NULL, *q;
+        errno = 0;
+        while ((q = malloc(sizes[k])) != NULL) {
+            *(void **)q = first; /* a chain, freed below */
+            first = q;
+            n++;
+        }
+        if (errno != ENOMEM || n == 0) return 3;
+        while (first) {
+            q = *(void **)first;
+            free(first);
+            first = q;
+        }
+    }
+    return 0;
+}
+
+/* A program probing with impossible sizes (malloc(SIZE_MAX)) must not pay
+ * a trim per probe: each used to drop the thread's current Pool chunk, and a
+ * new 8 MiB chunk came for every 20 KB block kept (8 GiB of address space
+ * for 20 MB). */
+static int child_huge_probe(void) {
+    static void *keep[1000];
+    for (int i = 0; i < 1000; i++) {
+        keep[i] = malloc(20000);
+        if (keep[i] == NULL) return 2;
+        memset(keep[i], 1, 20000);
+        errno = 0;
+        if (malloc(SIZE_MAX) != NULL || errno != ENOMEM) return 3;
+    }
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long vsz = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "VmSize:", 7) == 0) vsz = atol(line + 7);
+    if (f) fclose(f);
+    return vsz >= 0 && vsz < (1l << 20) ? 0 : 4; /* KiB: under 1 GiB */
+}
+
+static const struct {
+    const char *name;
+    int (*fn)(void);
+} children[] = {{"odd-step", child_odd_step},
+                {"data-limit", child_data_limit},
+                {"huge-probe", child_huge_probe}};
+
+static void run_fresh(const char *name) {
+#ifdef HAK_TEST_TSAN
+    skip(); /* TSan cannot run under an address-space limit */
+#endif
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char *argv[] = {"test_fault", (char *)name, NULL};
+        execv("/proc/self/exe", argv);
+        _exit(21);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("%s: child status 0x%x (exit codes: see child_*)", name, st);
+}
+
+static void test_odd_growth_steps_stay_whole(void **state) {
+    (void)state;
+    run_fresh("odd-step");
+}
+static void test_commit_refused_under_limit_ends(void **state) {
+    (void)state;
+    run_fresh("data-limit");
+}
+static void test_impossible_sizes_trim_nothing(void **state) {
+    (void)state;
+    run_fresh("huge-probe");
+}
+
+int main(int argc, char **argv) {
+    for (size_t i = 0; argc == 2 && i < sizeof children / sizeof children[0]; i++)
+        if (strcmp(argv[1], children[i].name) == 0) return children[i].fn();
 #ifndef HAK_TEST_TSAN
     /* Under an address-space limit (a roomy one) trimming also gives back
      * reserved space, so each run grows the arena again: those calls can
@@ -460,6 +575,9 @@ int main(void) {
         cmocka_unit_test(test_trim_unmap_refused),
         cmocka_unit_test(test_realloc_remap_refused),
         cmocka_unit_test(test_sweeps_under_mlockall),
+        cmocka_unit_test(test_odd_growth_steps_stay_whole),
+        cmocka_unit_test(test_commit_refused_under_limit_ends),
+        cmocka_unit_test(test_impossible_sizes_trim_nothing),
         cmocka_unit_test(test_locks_free_and_sites_covered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -44,8 +44,11 @@ static size_t arena_step(size_t have) {
     size_t s = have < ARENA_STEP ? ARENA_STEP : have;
     size_t limit = os_as_limit();
     if (limit != SIZE_MAX) {
-        size_t cap = limit / ARENA_LIMIT_DIV & ~(ARENA_UNIT - 1);
-        if (s > cap) s = cap < ARENA_UNIT ? ARENA_UNIT : cap;
+        /* A power of two of units: halving a refused step keeps whole units. */
+        size_t cap = ARENA_UNIT;
+        while (cap * 2 <= limit / ARENA_LIMIT_DIV)
+            cap *= 2;
+        if (s > cap) s = cap;
     }
     return s < arena_half - have ? s : arena_half - have;
 }
@@ -54,12 +57,17 @@ static size_t arena_step(size_t have) {
  * address far from everything else (so both halves have room to grow in
  * place), else the whole window wherever the OS puts it. Lock held. */
 static void arena_place(void) {
+    /* The hint windows are taken once: a placement refused for want of
+     * address space (a limit) is tried again, at the same places, after
+     * memory went back; fresh hints each time would use up hint space. */
+    static uintptr_t hints[ARENA_TRIES];
+    static bool whole_tried;
     if (arena_lo != 0 || arena_refused) return;
     arena_refused = true; /* until it succeeds below */
     arena_half = ARENA_WINDOW / 2;
     size_t first = arena_step(0);
     for (int i = 0; i < ARENA_TRIES; i++) {
-        uintptr_t w = os_hint(ARENA_WINDOW, ARENA_WINDOW);
+        uintptr_t w = hints[i] ? hints[i] : (hints[i] = os_hint(ARENA_WINDOW, ARENA_WINDOW));
         if (w == 0) break;
         if (!os_reserve_at((void *)w, first)) continue;
         if (!os_readable((void *)w, first)) {
@@ -70,9 +78,10 @@ static void arena_place(void) {
         arena_ss_top = first;
         break;
     }
-    if (arena_lo == 0) {
+    if (arena_lo == 0 && !whole_tried) {
         /* No hint honoured (a sanitizer's shadow, valgrind): the whole
-         * window at once, as large as the OS grants. */
+         * window at once, as large as the OS grants. Once. */
+        whole_tried = true;
         size_t size = ARENA_WINDOW;
         void *w = os_reserve(&size, ARENA_MIN, ARENA_WINDOW);
         if (w == NULL) return;
@@ -80,6 +89,7 @@ static void arena_place(void) {
         arena_half = size / 2;
         arena_whole = true;
     }
+    if (arena_lo == 0) return;
     arena_mid = arena_lo + arena_half;
     arena_refused = false;
 }
@@ -88,7 +98,8 @@ static void arena_place(void) {
  * asked; under an address-space limit (or anything else in the way) the
  * step is halved down to `need`. false when not even that is granted. */
 static bool arena_extend(uintptr_t at, size_t *step, size_t need, bool readable) {
-    for (size_t s = *step; s >= need; s /= 2) {
+    /* Steps and need are whole units; so is every half taken. */
+    for (size_t s = *step; s >= need && s > 0; s = s / 2 & ~(ARENA_UNIT - 1)) {
         if (!arena_whole && !os_reserve_at((void *)at, s)) continue;
         if (readable && !os_readable((void *)at, s)) {
             if (!arena_whole) os_unmap((void *)at, s);

@@ -92,6 +92,21 @@ static bool os_fault(enum os_site s) {
 #define os_fault(s) false
 #endif
 
+/* Refused calls of this thread since os_take_refusals last looked. */
+static __thread uint32_t os_refused;
+
+uint32_t os_take_refusals(void) {
+    uint32_t n = os_refused;
+    os_refused = 0;
+    return n;
+}
+
+/* ok, counting a refusal when not. */
+static inline bool os_granted(bool ok) {
+    if (hak_unlikely(!ok)) os_refused++;
+    return ok;
+}
+
 uint64_t os_calls(enum os_call kind) {
     return atomic_load_explicit(&os_counts[kind], memory_order_relaxed);
 }
@@ -102,7 +117,7 @@ uint64_t os_calls(enum os_call kind) {
 static void *os_mmap_as(void *hint, size_t size, int prot, int flags) {
     os_count(OS_MMAP);
     void *p = os_fault(OS_SITE_MMAP) ? MAP_FAILED : mmap(hint, size, prot, flags, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
+    return os_granted(p != MAP_FAILED) ? p : NULL;
 }
 
 bool os_unmap(void *p, size_t size) {
@@ -181,7 +196,7 @@ void *os_map_aligned(size_t size, size_t align) {
 /* New mappings come locked and populated (mlockall(MCL_FUTURE)): set by
  * os_reserve, which then locks each committed part itself, as the program
  * asked, while the read-only reservation stays unlocked. */
-static bool os_lock_future;
+static _Atomic bool os_lock_future; /* set once learnt; cleared only in a fork child */
 
 /* VmLck of /proc/self/status in KiB, -1 when unreadable. Without stdio
  * and without libc's open/read/close: this runs inside malloc, under
@@ -208,7 +223,7 @@ static long os_locked_kb(void) {
 
 void os_fork_child(void) {
     /* mlockall's MCL_FUTURE is not inherited by a child (fork(2)). */
-    os_lock_future = false;
+    atomic_store_explicit(&os_lock_future, false, memory_order_relaxed);
 }
 
 /* A reservation was just made at p (PROT_NONE): learn from it whether the
@@ -218,14 +233,17 @@ void os_fork_child(void) {
  * and the rest must never be populated. lck0: VmLck before the mapping. */
 static void os_reserved(void *p, size_t size, long lck0) {
     long lck = os_locked_kb();
+    bool locked;
     if (lck0 >= 0 && lck >= 0) {
-        os_lock_future = lck - lck0 >= (long)(size / 2048); /* half of it, in KiB */
+        locked = lck - lck0 >= (long)(size / 2048); /* half of it, in KiB */
     } else { /* no /proc: madvise refuses locked pages, touches none here */
         os_count(OS_MADVISE);
-        os_lock_future =
-            os_fault(OS_SITE_RESERVE_PROBE) || madvise(p, HAK_PAGE_SIZE, MADV_DONTNEED) != 0;
+        locked = os_fault(OS_SITE_RESERVE_PROBE) || madvise(p, HAK_PAGE_SIZE, MADV_DONTNEED) != 0;
     }
-    if (os_lock_future) {
+    /* Only ever learnt, never unlearnt: another thread's munlock between the
+     * two reads above must not make later commits go unlocked. */
+    if (locked) {
+        atomic_store_explicit(&os_lock_future, true, memory_order_relaxed);
         os_count(OS_MLOCK);
         if (!os_fault(OS_SITE_RESERVE_UNLOCK)) munlock(p, size);
     }
@@ -268,7 +286,7 @@ bool os_reserve_at(void *p, size_t size) {
     void *q = os_fault(OS_SITE_RESERVE_AT)
                   ? MAP_FAILED
                   : mmap(p, size, PROT_NONE, OS_ANON | MAP_NORESERVE, -1, 0);
-    bool ok = q == p;
+    bool ok = os_granted(q == p);
     if (q != MAP_FAILED && !ok) os_unmap(q, size); /* placed elsewhere: the range is taken */
     if (ok) os_reserved(p, size, lck0);
     errno = saved;
@@ -287,8 +305,8 @@ bool os_commit(void *p, size_t size) {
     /* mprotect, not a MAP_FIXED mmap: a refusal (commit limit) then leaves
      * the place as it was, where some kernels would leave a hole. */
     os_count(OS_MPROTECT);
-    if (os_fault(OS_SITE_COMMIT) || mprotect(p, size, OS_RW) != 0) return false;
-    if (os_lock_future) {
+    if (!os_granted(!os_fault(OS_SITE_COMMIT) && mprotect(p, size, OS_RW) == 0)) return false;
+    if (atomic_load_explicit(&os_lock_future, memory_order_relaxed)) {
         os_count(OS_MLOCK);
         if (!os_fault(OS_SITE_COMMIT_LOCK)) mlock(p, size);
     }
@@ -307,7 +325,7 @@ void os_uncommit(void *p, size_t size) {
          * new memory to keep (cppcheck's posix model counts every mmap as one). */
         // cppcheck-suppress leakReturnValNotUsed
         mmap(p, size, PROT_NONE, OS_ANON | MAP_FIXED | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
-        if (os_lock_future) {
+        if (atomic_load_explicit(&os_lock_future, memory_order_relaxed)) {
             os_count(OS_MLOCK);
             if (!os_fault(OS_SITE_UNCOMMIT_UNLOCK)) munlock(p, size);
         }
@@ -315,7 +333,7 @@ void os_uncommit(void *p, size_t size) {
         if (!os_fault(OS_SITE_UNCOMMIT_PROT)) mprotect(p, size, PROT_READ);
     } else {
         /* Refused (map count limit): drop the pages where they are. */
-        if (os_lock_future) {
+        if (atomic_load_explicit(&os_lock_future, memory_order_relaxed)) {
             os_count(OS_MLOCK);
             /* locked pages cannot be dropped */
             if (!os_fault(OS_SITE_UNCOMMIT_UNLOCK)) munlock(p, size);
@@ -338,6 +356,7 @@ bool os_resize(void *p, size_t old_size, size_t new_size) {
 
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst) {
     os_count(OS_MREMAP);
-    return !os_fault(OS_SITE_MOVE) &&
-           mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) != MAP_FAILED;
+    return os_granted(!os_fault(OS_SITE_MOVE) &&
+                      mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) !=
+                          MAP_FAILED);
 }

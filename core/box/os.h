@@ -66,6 +66,10 @@ void os_uncommit(void *p, size_t size);
 
 uint64_t os_calls(enum os_call kind);
 
+/* Calls of this thread the OS refused (a mapping, a commit, a move: memory or
+ * address space it would not give) since the last call of this; resets. */
+uint32_t os_take_refusals(void);
+
 /* Fork child: what the parent learnt of mlockall does not hold there. */
 void os_fork_child(void);
 

@@ -6,6 +6,7 @@
 #include "box/arena.h"
 #include "box/clock.h"
 #include "box/config.h"
+#include "box/os.h"
 #include "box/stats.h"
 #include "front/front.h"
 #include "front/lifecycle.h"
@@ -195,14 +196,30 @@ static int front_trim(void) {
 /* Out of memory: a request the OS refused may succeed once every cache has
  * given its memory back (a program that freed much of one size and now
  * wants another, under an address-space limit or a full commit charge).
- * After a NULL with errno ENOMEM, trim; true when that gave memory back,
- * so the request is worth one more try. errno is left as it was. */
+ * After a NULL with errno ENOMEM, when an OS call of this thread was refused
+ * since the last look (not for an impossible size, which no trim helps),
+ * trim; true when that gave memory back: the caller tries once more, and
+ * only once (a retry that fails again does not trim again: it could go on
+ * giving back and taking the same reservation). errno is left as it was. */
+static __thread bool front_retrying;
+
 static __attribute__((cold, noinline)) bool front_retry(void) {
-    if (errno != ENOMEM) return false;
+    if (errno != ENOMEM || front_retrying || os_take_refusals() == 0) return false;
     bool any = front_trim() != 0;
     errno = ENOMEM;
+    front_retrying = any;
     return any;
 }
+
+/* var = expr, and once more after front_retry when `failed`. */
+#define FRONT_TRY(var, failed, expr)                                                               \
+    do {                                                                                           \
+        (var) = (expr);                                                                            \
+        if (hak_unlikely(failed) && front_retry()) {                                               \
+            (var) = (expr);                                                                        \
+            front_retrying = false;                                                                \
+        }                                                                                          \
+    } while (0)
 
 /* A small block (class cls) its tier could not serve: the last resort is a
  * mapping of the block's own, which may still fit (an address-space limit
@@ -211,13 +228,16 @@ static __attribute__((cold, noinline)) bool front_retry(void) {
 static __attribute__((cold, noinline)) void *front_small_failed(uint32_t cls) {
     size_t n = small_class_size[cls];
     void *p = large_alloc(n, HAK_MIN_ALIGN, false);
-    if (p == NULL && front_retry()) p = front_malloc(n);
+    if (p == NULL && front_retry()) {
+        p = front_malloc(n); /* the tier, then its last resort again (no retry) */
+        front_retrying = false;
+    }
     return p;
 }
 
 static __attribute__((noinline)) void *front_large_miss(size_t n) {
-    void *p = large_alloc(n, HAK_MIN_ALIGN, false);
-    if (hak_unlikely(p == NULL) && front_retry()) p = large_alloc(n, HAK_MIN_ALIGN, false);
+    void *p;
+    FRONT_TRY(p, p == NULL, large_alloc(n, HAK_MIN_ALIGN, false));
     return p;
 }
 
@@ -240,8 +260,8 @@ static __attribute__((noinline)) void front_purge(void) {
                                                  now + hak_cfg.bigcache_age_ms,
                                                  memory_order_relaxed, memory_order_relaxed))
         return;
-    ss_purge(false);
-    l25_purge(now);
+    ss_purge(false); /* each tier's own timer says whether a pass is due */
+    l25_age();
 }
 
 HAK_HIDDEN void *front_malloc_miss(size_t n, uint32_t cls) {
@@ -267,51 +287,53 @@ HAK_API void hak_free(void *ptr) {
     front_free(ptr, "free");
 }
 HAK_API void *hak_calloc(size_t nmemb, size_t size) {
-    void *p = front_calloc(nmemb, size);
-    if (hak_unlikely(p == NULL) && front_retry()) p = front_calloc(nmemb, size);
+    void *p;
+    FRONT_TRY(p, p == NULL, front_calloc(nmemb, size));
     return p;
 }
 HAK_API void *hak_realloc(void *ptr, size_t size) {
-    void *q = front_realloc(ptr, size);
+    void *q;
     /* NULL for size 0 means ptr was freed: nothing to retry. */
-    if (hak_unlikely(q == NULL) && (size != 0 || ptr == NULL) && front_retry())
-        q = front_realloc(ptr, size);
+    FRONT_TRY(q, q == NULL && (size != 0 || ptr == NULL), front_realloc(ptr, size));
     return q;
 }
 HAK_API void *hak_reallocarray(void *ptr, size_t nmemb, size_t size) {
-    void *q = front_reallocarray(ptr, nmemb, size);
-    if (hak_unlikely(q == NULL) && ((nmemb != 0 && size != 0) || ptr == NULL) && front_retry())
-        q = front_reallocarray(ptr, nmemb, size);
+    void *q;
+    FRONT_TRY(q, q == NULL && ((nmemb != 0 && size != 0) || ptr == NULL),
+              front_reallocarray(ptr, nmemb, size));
     return q;
 }
 HAK_API int hak_posix_memalign(void **out, size_t alignment, size_t size) {
+    int saved = errno;
     int rc = front_posix_memalign(out, alignment, size);
     if (hak_unlikely(rc == ENOMEM)) {
-        int saved = errno;
-        errno = ENOMEM;
-        if (front_retry()) rc = front_posix_memalign(out, alignment, size);
-        errno = saved; /* reports through its return value only */
+        errno = ENOMEM; /* what front_retry looks at */
+        if (front_retry()) {
+            rc = front_posix_memalign(out, alignment, size);
+            front_retrying = false;
+        }
     }
+    errno = saved; /* reports through its return value only */
     return rc;
 }
 HAK_API void *hak_aligned_alloc(size_t alignment, size_t size) {
-    void *p = front_aligned_alloc(alignment, size);
-    if (hak_unlikely(p == NULL) && front_retry()) p = front_aligned_alloc(alignment, size);
+    void *p;
+    FRONT_TRY(p, p == NULL, front_aligned_alloc(alignment, size));
     return p;
 }
 HAK_API void *hak_memalign(size_t alignment, size_t size) {
-    void *p = front_memalign(alignment, size);
-    if (hak_unlikely(p == NULL) && front_retry()) p = front_memalign(alignment, size);
+    void *p;
+    FRONT_TRY(p, p == NULL, front_memalign(alignment, size));
     return p;
 }
 HAK_API void *hak_valloc(size_t size) {
-    void *p = front_aligned(HAK_PAGE_SIZE, size);
-    if (hak_unlikely(p == NULL) && front_retry()) p = front_aligned(HAK_PAGE_SIZE, size);
+    void *p;
+    FRONT_TRY(p, p == NULL, front_aligned(HAK_PAGE_SIZE, size));
     return p;
 }
 HAK_API void *hak_pvalloc(size_t size) {
-    void *p = front_pvalloc(size);
-    if (hak_unlikely(p == NULL) && front_retry()) p = front_pvalloc(size);
+    void *p;
+    FRONT_TRY(p, p == NULL, front_pvalloc(size));
     return p;
 }
 HAK_API size_t hak_malloc_usable_size(void *ptr) {

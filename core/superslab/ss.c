@@ -32,8 +32,10 @@ static struct superslab *ss_partial;            /* SuperSlabs with an UNUSED slo
 static struct ss_slab *ss_empty[TINY_NCLASSES]; /* EMPTY slabs by class */
 static struct superslab *ss_cache;              /* all-empty, decommitted */
 static struct ss_stats ss_st;
-static uint8_t ss_epoch;           /* ss_purge passes, mod 256 */
-static uint64_t ss_purge_next;     /* ms: the next pass ss_release makes */
+static uint8_t ss_epoch; /* ss_purge passes, mod 256 */
+/* ms: when the next timed pass is due. Written under the lock, read without
+ * it too (a pass not due costs no lock). */
+static _Atomic uint64_t ss_purge_next;
 static _Atomic uint64_t ss_carved; /* bytes carved in slabs not reset since */
 
 void ss_note_carved(size_t bytes) {
@@ -211,7 +213,7 @@ static void ss_retire(struct superslab *ss) {
     }
 }
 
-static bool ss_purge_locked(bool all);
+static bool ss_age_locked(void);
 
 void ss_release(struct ss_slab *s) {
     struct superslab *ss = ss_of(s);
@@ -224,12 +226,7 @@ void ss_release(struct ss_slab *s) {
     ss->nempty++;
     ss_st.releases++;
     if (ss->nactive == 0) ss_retire(ss);
-    /* Ageing: slots released are the ones a purge may find empty later. */
-    uint64_t now = hak_now_ms();
-    if (now >= ss_purge_next) {
-        ss_purge_next = now + hak_cfg.bigcache_age_ms;
-        ss_purge_locked(false);
-    }
+    ss_age_locked(); /* slots released are the ones a later pass finds empty */
     hak_unlock(&ss_lock);
 }
 
@@ -250,9 +247,13 @@ static bool ss_range_shrink(void) {
     }
     ss_range_used = used; /* the places above are past the used extent again */
     size_t span = atomic_load_explicit(&ss_range_span, memory_order_relaxed);
-    if (used == span || !arena_ss_shrink(used)) return false;
+    if (used == span) return false;
+    /* The range ends first, then its tail goes: a free of a stale pointer
+     * there finds it outside instead of reading an unmapped descriptor. */
     atomic_store_explicit(&ss_range_span, used, memory_order_relaxed);
-    return true;
+    if (arena_ss_shrink(used)) return true;
+    atomic_store_explicit(&ss_range_span, span, memory_order_relaxed); /* refused: it stays */
+    return false;
 }
 
 bool ss_trim(void) {
@@ -295,9 +296,21 @@ static bool ss_purge_locked(bool all) {
     return n > 0;
 }
 
+/* A pass when one is due (every cache age: one timer, whoever calls).
+ * Lock held. */
+static bool ss_age_locked(void) {
+    uint64_t now = hak_now_ms();
+    if (now < atomic_load_explicit(&ss_purge_next, memory_order_relaxed)) return false;
+    atomic_store_explicit(&ss_purge_next, now + hak_cfg.bigcache_age_ms, memory_order_relaxed);
+    return ss_purge_locked(false);
+}
+
 bool ss_purge(bool all) {
+    /* Nothing due: not even the lock. */
+    if (!all && hak_now_ms() < atomic_load_explicit(&ss_purge_next, memory_order_relaxed))
+        return false;
     hak_lock(&ss_lock);
-    bool any = ss_purge_locked(all);
+    bool any = all ? ss_purge_locked(true) : ss_age_locked();
     hak_unlock(&ss_lock);
     return any;
 }

@@ -135,11 +135,12 @@ void ss_release(struct ss_slab *s);
 void ss_note_carved(size_t bytes);
 /* Unmap every cached SuperSlab; true when there was one. */
 bool ss_trim(void);
-/* Give back the pages of slots empty since the previous call (at most a
- * batch of them); with `all`, of every empty slot (malloc_trim). true when
- * some went. ss_release makes such a pass every HAKMEM_BIGCACHE_AGE_MS. An
- * empty slot keeps its pages and its blocks (its class takes it back
- * without carving) until then; after, it is carved again when taken. */
+/* Give back the pages of slots empty since the previous pass, at most a
+ * batch of them, when a pass is due (every HAKMEM_BIGCACHE_AGE_MS; ss_release
+ * makes them too); with `all`, of every empty slot now (malloc_trim). true
+ * when some went. An empty slot keeps its pages and its blocks (its class
+ * takes it back without carving) until then; after, it is carved again when
+ * taken. */
 bool ss_purge(bool all);
 
 /* fork: take every lock of the tier before, release them after (parent and
