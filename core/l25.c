@@ -25,6 +25,8 @@ struct l25_shard {
 HAK_HIDDEN struct l25_bundle *l25_desc[L25_MAX_BUNDLES / L25_DESC_CHUNK];
 
 #define L25_LIMIT_DIV 256
+/* Free blocks with pages a bundle keeps through an ageing pass (see l25_purge). */
+#define L25_KEEP_FREE 2
 
 /* Shard L25_SHARDS of a class has the uncoloured bundles for aligned requests. */
 #define L25_ALIGNED L25_SHARDS
@@ -37,9 +39,9 @@ static pthread_mutex_t l25_desc_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t l25_desc_top;
 static struct l25_bundle *l25_desc_free;
 static uint64_t l25_mapped, l25_unmapped, l25_bytes, l25_decommits; /* under l25_desc_lock */
+static _Atomic uint64_t l25_free_decommitted; /* bytes of free blocks decommitted */
 
 static _Atomic uint64_t l25_purge_next; /* ms: the next l25_purge l25_put makes */
-static _Atomic uint32_t l25_epoch;      /* l25_purge passes */
 
 /* Shards are handed to threads in turn. */
 static _Atomic uint32_t l25_next_shard;
@@ -72,6 +74,7 @@ static void l25_bundle_reset(struct l25_bundle *b) {
     for (uint32_t i = b->first; i < b->nblocks; i++)
         b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
     if (b->dirty) memset(b->dirty, 0, words * sizeof(uint64_t));
+    b->stale1 = 0;
     b->navail = b->nblocks - b->first;
     b->hint = b->first >> 6;
 }
@@ -299,7 +302,10 @@ static uint32_t l25_take_from(struct l25_shard *s, struct l25_bundle *b, void **
          * ended on want with bits left, are the ones just taken). */
         uint64_t taken = b->avail[w] & ~bits;
         b->avail[w] = bits;
-        if (b->dirty) b->dirty[w] |= taken;
+        if (b->dirty) {
+            b->dirty[w] |= taken;
+            b->stale1 &= ~taken; /* in use again: no longer free since a pass */
+        }
         if (bits == 0) b->hint = w + 1;
     }
     b->navail -= got;
@@ -392,7 +398,6 @@ static void l25_put(struct l25_bundle *b, void *p) {
     hak_lock(&s->lock);
     s->flushes++;
     s->carved_bytes -= b->size;
-    b->put_epoch = atomic_load_explicit(&l25_epoch, memory_order_relaxed);
     b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
     if (b->hint > i >> 6) b->hint = (uint32_t)(i >> 6);
     if (++b->navail == b->nblocks - b->first) {
@@ -444,12 +449,13 @@ void l25_thread_flush(void) {
 
 /* ---- trim ------------------------------------------------------------------------ */
 
-/* Decommit the free blocks of b that may hold pages. Shard lock held. */
-static bool l25_decommit_free(struct l25_bundle *b) {
+/* Decommit the free blocks of b among `eligible` that may hold pages.
+ * Shard lock held. (Tracked bundles have at most 64 blocks: one word.) */
+static bool l25_decommit_free(struct l25_bundle *b, uint64_t eligible) {
     if (b->dirty == NULL) return false;
     bool any = false;
     for (uint32_t w = 0; w < l25_words(b->nblocks); w++) {
-        uint64_t bits = b->avail[w];
+        uint64_t bits = b->avail[w] & eligible;
         while (bits) {
             /* A run of consecutive free blocks is one call, made when any of
              * them may hold pages: the pages its ends share with neighbours
@@ -468,7 +474,10 @@ static bool l25_decommit_free(struct l25_bundle *b) {
                                               : ((uintptr_t)b->base + last * b->stride) &
                                                     ~(uintptr_t)(HAK_PAGE_SIZE - 1);
             /* Counted only when pages went (not refused: mlockall). */
-            if (hi > lo && os_decommit((void *)lo, hi - lo)) any = true;
+            if (hi > lo && os_decommit((void *)lo, hi - lo)) {
+                atomic_fetch_add_explicit(&l25_free_decommitted, hi - lo, memory_order_relaxed);
+                any = true;
+            }
         }
     }
     return any;
@@ -484,7 +493,7 @@ bool l25_trim(void) {
             s->empty = NULL;
             s->nempty = 0;
             for (struct l25_bundle *b = s->partial; b; b = b->next)
-                released |= l25_decommit_free(b);
+                released |= l25_decommit_free(b, ~(uint64_t)0);
             hak_unlock(&s->lock);
             while (empty) {
                 struct l25_bundle *next = empty->next;
@@ -499,15 +508,27 @@ bool l25_trim(void) {
 
 static bool l25_purge(uint64_t now) {
     bool released = false;
-    uint32_t e = atomic_fetch_add_explicit(&l25_epoch, 1, memory_order_relaxed); /* ends now */
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];
             struct l25_todo todo = {.n = 0};
             hak_lock(&s->lock);
             if (s->empty) l25_tidy_empty(s, now, &todo);
-            for (struct l25_bundle *b = s->partial; b; b = b->next)
-                if ((int32_t)(e - b->put_epoch) >= 1) released |= l25_decommit_free(b);
+            for (struct l25_bundle *b = s->partial; b; b = b->next) {
+                if (b->dirty == NULL) continue;
+                /* Free since the previous pass and never taken since: a
+                 * whole period unused (whatever else the bundle saw); and
+                 * any other free block but the L25_KEEP_FREE lowest of the
+                 * shard's first bundle, the ones its refills take next
+                 * (first bundle, lowest blocks first). */
+                uint64_t keep = 0, avail = b->avail1 & b->dirty1;
+                for (int k = 0; k < L25_KEEP_FREE && avail && b == s->partial; k++) {
+                    keep |= avail & -avail;
+                    avail &= avail - 1;
+                }
+                released |= l25_decommit_free(b, b->stale1 | ~keep);
+                b->stale1 = b->avail1 & b->dirty1; /* free now, pages and all */
+            }
             hak_unlock(&s->lock);
             if (todo.n) {
                 l25_release(s, &todo);
@@ -561,5 +582,6 @@ void l25_get_stats(struct l25_stats *st) {
     st->bundles_unmapped = l25_unmapped;
     st->bytes_mapped = l25_bytes;
     st->decommits = l25_decommits;
+    st->free_decommitted = atomic_load_explicit(&l25_free_decommitted, memory_order_relaxed);
     hak_unlock(&l25_desc_lock);
 }

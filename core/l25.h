@@ -60,11 +60,11 @@ struct l25_bundle {
     bool listed;                    /* on the shard's partial list */
     bool committed;                 /* empty, its pages not given back yet */
     uint64_t empty_ms;              /* when it last became empty */
-    uint32_t put_epoch;             /* l25_purge pass in which a block last came back */
     struct l25_bundle *next, *prev; /* partial or empty list; free descriptors */
     /* The bitmaps of a bundle of at most 64 blocks. */
     _Atomic uint64_t live1;
     uint64_t avail1, dirty1;
+    uint64_t stale1; /* free at the last ageing pass (tracked bundles only) */
 };
 
 /* The descriptor table, in chunks taken from the arena as bundles need
@@ -154,8 +154,8 @@ void l25_thread_flush(void);
 bool l25_trim(void);
 /* When a pass is due (every HAKMEM_BIGCACHE_AGE_MS; one timer, whoever
  * calls: l25_put makes them too), decommit or unmap empty bundles unused for
- * the cache age, and the free blocks of bundles nothing came back to since
- * the previous pass; true when memory went back. */
+ * the cache age, and the free blocks that stayed free since the previous
+ * pass; true when memory went back. */
 bool l25_age(void);
 
 /* fork: take every lock of the tier before, release them after (parent and
@@ -167,6 +167,7 @@ struct l25_stats {
     uint64_t bundles_mapped, bundles_unmapped, bytes_mapped; /* bytes_mapped: now */
     uint64_t carved_bytes; /* bytes of blocks out of their bundles now */
     uint64_t refills, flushes, decommits;
+    uint64_t free_decommitted; /* bytes of free blocks of partly used bundles decommitted */
 };
 void l25_get_stats(struct l25_stats *st);
 

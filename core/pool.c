@@ -4,6 +4,7 @@
 #include "pool.h"
 
 #include "box/arena.h"
+#include "box/clock.h"
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
@@ -21,6 +22,7 @@ struct pool_heap {
     struct pool_chunk *chunks;               /* all of them */
     struct pool_chunk *spares;               /* empty chunks kept for the next need */
     size_t spare_bytes;                      /* their bytes, at most pool_spare_max() */
+    uint64_t spare_ms;                       /* when a spare was last taken or added */
     _Atomic(void *) remote;                  /* blocks freed by other threads */
     size_t next_size;                        /* bytes of the next chunk */
     struct pool_heap *next_free;
@@ -96,6 +98,7 @@ static bool pool_chunk_new(struct pool_heap *h) {
     if (c) {
         h->spares = c->all_next;
         h->spare_bytes -= c->size;
+        h->spare_ms = hak_now_ms();
         pool_all_link(h, c);
         h->cur = c;
         return true;
@@ -167,6 +170,7 @@ static void pool_chunk_release(struct pool_heap *h, struct pool_chunk *c) {
         c->all_next = h->spares;
         h->spares = c;
         h->spare_bytes += c->size;
+        h->spare_ms = hak_now_ms();
         return;
     }
     pool_chunk_unmap(c);
@@ -323,6 +327,19 @@ void pool_thread_exit(void) {
         drop = c->all_next;
         pool_chunk_unmap(c);
     }
+}
+
+bool pool_age(void) {
+    struct pool_heap *h = hak_tc.pool;
+    if (h == NULL || h->spares == NULL || hak_now_ms() - h->spare_ms < hak_cfg.bigcache_age_ms)
+        return false;
+    while (h->spares) { /* none taken or added for the age: the need has passed */
+        struct pool_chunk *c = h->spares;
+        h->spares = c->all_next;
+        h->spare_bytes -= c->size;
+        pool_chunk_unmap(c);
+    }
+    return true;
 }
 
 bool pool_trim(void) {

@@ -121,6 +121,9 @@ void pool_thread_exit(void);
 /* malloc_trim: drain and give back what the heaps of exited threads hold;
  * true when a chunk was unmapped. */
 bool pool_trim(void);
+/* This thread's spare chunks go back to the OS when none was taken or added
+ * for HAKMEM_BIGCACHE_AGE_MS; true when they did. */
+bool pool_age(void);
 
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */

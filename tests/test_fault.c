@@ -360,6 +360,29 @@ static void test_realloc_remap_refused(void **state) {
     free(q);
 }
 
+/* free() leaves errno alone, even when giving memory back is refused (found
+ * by fuzz_api: the fifth of five 3 MiB blocks freed pushed the oldest out of
+ * the BigCache, its munmap failed and free returned with errno ENOMEM;
+ * tests/fuzz/regress/fuzz_api/free-errno-munmap-fails). */
+static void test_free_keeps_errno_when_unmap_refused(void **state) {
+    (void)state;
+    void *p[5];
+    for (int i = 0; i < 5; i++)
+        assert_non_null(p[i] = malloc(3 * MiB));
+    os_fault_only(1u << OS_SITE_MUNMAP | 1u << OS_SITE_DECOMMIT | 1u << OS_SITE_UNCOMMIT_MAP);
+    os_fault_arm(0, UINT64_MAX);
+    for (int i = 0; i < 5; i++) {
+        errno = 1234;
+        free(p[i]);
+        if (errno != 1234) fail_msg("free #%d changed errno to %d", i, errno);
+    }
+    errno = 1234;
+    malloc_trim(0);
+    os_fault_disarm();
+    os_fault_only(~0u);
+    assert_true(os_fault_site_failed(OS_SITE_MUNMAP) > 0);
+}
+
 /* Site counts of this process, plus those a child sent (fault_child_sites). */
 static uint64_t site_calls[OS_NSITES], site_failed[OS_NSITES];
 
@@ -574,6 +597,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_range_growth_refused),
         cmocka_unit_test(test_trim_unmap_refused),
         cmocka_unit_test(test_realloc_remap_refused),
+        cmocka_unit_test(test_free_keeps_errno_when_unmap_refused),
         cmocka_unit_test(test_sweeps_under_mlockall),
         cmocka_unit_test(test_odd_growth_steps_stay_whole),
         cmocka_unit_test(test_commit_refused_under_limit_ends),

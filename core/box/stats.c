@@ -84,6 +84,7 @@ void stats_print(int fd) {
     stats_line(fd, "l25.refills", s.refills);
     stats_line(fd, "l25.flushes", s.flushes);
     stats_line(fd, "l25.decommits", s.decommits);
+    stats_line(fd, "l25.free_decommitted", s.free_decommitted);
     stats_line(fd, "large.allocs", l.allocs);
     stats_line(fd, "large.frees", l.frees);
     stats_line(fd, "large.cache_hits", l.cache_hits);

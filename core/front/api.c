@@ -250,10 +250,20 @@ static __attribute__((noinline)) void *front_large_miss(size_t n) {
 static _Atomic uint64_t front_purge_next; /* ms */
 static __thread uint32_t front_purge_tick;
 
+static __thread uint64_t front_purge_mine; /* ms: this thread's next look at its own */
+
 static __attribute__((noinline)) void front_purge(void) {
     front_purge_tick = FRONT_PURGE_TICK;
-    uint64_t now = hak_now_ms(),
-             next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);
+    uint64_t now = hak_now_ms();
+    if (now >= front_purge_mine) {
+        /* What only this thread may touch: its L2.5 cache (up to two blocks
+         * of each class, megabytes a thread that moved on keeps for good)
+         * and its Pool spares. */
+        front_purge_mine = now + hak_cfg.bigcache_age_ms;
+        l25_thread_flush();
+        pool_age();
+    }
+    uint64_t next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);
     if (now < next) return;
     /* One thread does it; the others go on. */
     if (!atomic_compare_exchange_strong_explicit(&front_purge_next, &next,

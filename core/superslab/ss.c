@@ -273,7 +273,7 @@ bool ss_trim(void) {
 }
 
 /* Slots ss_purge decommits per pass: the calls run under the lock. */
-#define SS_PURGE_BATCH 128
+#define SS_PURGE_BATCH 1024
 
 /* Lock held. */
 static bool ss_purge_locked(bool all) {

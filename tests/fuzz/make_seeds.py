@@ -292,6 +292,10 @@ def api_seeds():
     s["faults_trim"] = prog
     prog = fault_arm(1, 5) + w_malloc(0, 20000) + w_malloc(1, 300000) + w_exit() + free(0) + free(1)
     s["faults_worker"] = prog
+    # more than L25_EMPTY_MAX (4) empty bundles in one shard: the oldest are unmapped
+    prog = b"".join(malloc(i, 250000) for i in range(48)) + b"".join(free(i) for i in range(48))
+    prog += b"".join(malloc(i, 250000) for i in range(8))
+    s["l25_empty_bundles"] = prog
     # random mixes (deterministic)
     rnd = random.Random(1234)
     for k in range(6):
