@@ -139,9 +139,9 @@ soak:
 BENCH_SRCS := $(wildcard bench/bench_*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=out/bench/%)
 
-out/bench/%: bench/%.c
+out/bench/%: bench/%.c bench/bench_util.h
 	@mkdir -p out/bench
-	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -pthread -Wall -Wextra -Werror $< -o $@ -pthread
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -pthread -Wall -Wextra -Werror $< -o $@ -pthread -lm
 
 bench-bins: release $(BENCH_BINS)
 
@@ -165,6 +165,14 @@ bench-instr:
 	@bench/deps.sh
 	@$(MAKE) --no-print-directory bench-bins
 	@bench/instr.sh
+
+# Real programs (git gc --aggressive, gcc, CPython) under each allocator:
+# time, peak RSS, page faults (bench/real.sh). Not part of make bench.
+.PHONY: bench-real
+bench-real:
+	@bench/deps.sh
+	@$(MAKE) --no-print-directory release
+	@bench/real.sh
 
 # ---- install -----------------------------------------------------------------
 install: release

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,15 +85,16 @@ static inline void bench_check_tagged(const char *prog, const unsigned char *p, 
     _exit(1);
 }
 
-/* The lines bench/run.sh reads: throughput of `ops` in `elapsed` seconds and
- * peak RSS; with HAKMEM_BENCH_CHECK=1 also the run's checksum on stderr (it
- * depends only on the parameters, so it shows a run is deterministic). */
+/* The lines bench/run.sh reads: throughput of `ops` in `elapsed` seconds,
+ * peak RSS and the page faults of the whole run; with HAKMEM_BENCH_CHECK=1 also the run's checksum
+ * on stderr (it depends only on the parameters, so it shows a run is deterministic). */
 static inline void bench_report(uint64_t ops, double elapsed, uint64_t check) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     if (elapsed <= 0) elapsed = 1e-9;
     printf("Throughput = %.0f ops/s\n", (double)ops / elapsed);
     printf("Peak RSS = %ld KiB\n", ru.ru_maxrss);
+    printf("Page faults = %ld\n", ru.ru_minflt + ru.ru_majflt);
     const char *chk = getenv("HAKMEM_BENCH_CHECK");
     if (chk != NULL && chk[0] != '\0' && strcmp(chk, "0") != 0)
         fprintf(stderr, "checksum = %016" PRIx64 "\n", check);

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Install the allocators that bench/run.sh compares hakmem against (Debian's
-# mimalloc and jemalloc), valgrind for bench/instr.sh and strace for
-# bench/syscalls.sh. Idempotent: does nothing when they are installed, and runs
+# mimalloc and jemalloc), valgrind for bench/instr.sh, strace for
+# bench/syscalls.sh, and the programs bench/real.sh runs. Idempotent: does nothing when they are installed, and runs
 # `apt-get update` at most once, only when something must be installed.
 set -euo pipefail
 
-pkgs=(libmimalloc2.0 libjemalloc2 valgrind strace)
+pkgs=(libmimalloc2.0 libjemalloc2 valgrind strace time git gcc python3)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -97,24 +97,18 @@ fail() { # ALLOCATOR REASON
 }
 
 for a in ${ALLOCATORS//,/ }; do
-    so=""
-    case $a in
-    glibc) ;;
-    hakmem) so=$HAKMEM_SO ;;
-    mimalloc) so=$(find_lib libmimalloc.so.2 libmimalloc2.0) ;;
-    jemalloc) so=$(find_lib libjemalloc.so.2 libjemalloc2) ;;
-    *)
+    rc=0
+    so=$(allocator_so "$a") || rc=$?
+    if [ $rc -eq 2 ]; then
         echo "bench/instr.sh: unknown allocator '$a' (known: glibc hakmem mimalloc jemalloc)" >&2
         exit 2
-        ;;
-    esac
+    fi
     allocs+=("$a")
     if [ "$a" != glibc ]; then
-        if [ -z "$so" ] || [ ! -r "$so" ]; then
-            fail "$a" "library not found${so:+ ($so)}"
+        if [ $rc -ne 0 ]; then
+            fail "$a" "library not found"
             continue
         fi
-        so=$(realpath "$so")
         if ! interposes "$so" "$a"; then
             fail "$a" "preloading $so does not replace malloc/free (see $DIR/preflight.$a.log)"
             continue

@@ -14,6 +14,22 @@ find_lib() {
     return 0
 }
 
+# The library to LD_PRELOAD for allocator NAME: nothing for glibc, hakmem's
+# from $HAKMEM_SO, Debian's mimalloc and jemalloc. Status 1 when it is not
+# there (not built, not installed), 2 for a name none of these.
+allocator_so() {
+    local p=
+    case $1 in
+    glibc) return 0 ;;
+    hakmem) [ -r "$HAKMEM_SO" ] && p=$(realpath "$HAKMEM_SO") ;;
+    mimalloc) p=$(find_lib libmimalloc.so.2 libmimalloc2.0) ;;
+    jemalloc) p=$(find_lib libjemalloc.so.2 libjemalloc2) ;;
+    *) return 2 ;;
+    esac
+    [ -n "$p" ] || return 1
+    echo "$p"
+}
+
 # Fill the arrays wl_names and wl_specs from the caller's workload_table (one
 # "NAME SPEC" per line, # comments), keeping names that match $WORKLOADS (an
 # extended regex; all when empty). Exits 2 when none is left; $1 names the

@@ -5,8 +5,9 @@ usage: bench/report.py [DIR]     (DIR defaults to out/bench)
 
 Reads DIR/results.tsv (one row per run), DIR/meta.tsv (machine and library
 versions) and DIR/failures.tsv, and prints, per workload and allocator, the
-median ops/s and peak RSS over the runs; hakmem rows also get the ratios of
-hakmem's median to the other allocators' medians. Any failed run turns its cell
+median ops/s, peak RSS and page faults over the runs; hakmem rows also get
+the ratios of hakmem's median to the other allocators' medians (Debian's
+mimalloc, glibc, jemalloc, then any BENCH_EXTRA allocators). Any failed run turns its cell
 into FAILED. run.sh saves this output as DIR/table.md.
 """
 import csv
@@ -82,26 +83,34 @@ def main():
         if a not in allocs:
             allocs.append(a)
         ok = r["ops_per_s"] != "FAILED"
+        flt = r.get("faults", "-")
         runs.setdefault((w, a), []).append(
-            (float(r["ops_per_s"]) if ok else None, float(r["peak_rss_kib"]) if ok else None))
+            (float(r["ops_per_s"]) if ok else None, float(r["peak_rss_kib"]) if ok else None,
+             float(flt) if ok and flt not in ("-", "", None) else None))
+    extras = [a for a in allocs if a not in ORDER]  # BENCH_EXTRA, in run order
     allocs.sort(key=lambda a: (ORDER.index(a) if a in ORDER else len(ORDER), a))
+    baselines = [b for b in BASELINES if b in allocs] + extras
+    rss_baselines = [b for b in ["mimalloc"] + extras if b in allocs]
 
-    med = {}  # (workload, allocator) -> (ops, rss, spread), or None if any run failed
+    med = {}  # (workload, allocator) -> (ops, rss, spread, faults), or None if any run failed
     for key, rs in runs.items():
-        ops = [o for o, _ in rs if o is not None]
+        ops = [o for o, _, _ in rs if o is not None]
         if len(ops) < len(rs):
             med[key] = None
             continue
         m = statistics.median(ops)
         spread = (max(ops) - min(ops)) / m if m else 0.0
-        med[key] = (m, statistics.median(s for _, s in rs), spread)
+        flts = [f for _, _, f in rs if f is not None]
+        med[key] = (m, statistics.median(s for _, s, _ in rs), spread,
+                    statistics.median(flts) if flts else None)
 
     have_hakmem = "hakmem" in allocs
-    header = ["workload", "allocator", "Mops/s", "spread", "RSS KiB"]
-    align = ["l", "l", "r", "r", "r"]
+    header = ["workload", "allocator", "Mops/s", "spread", "RSS KiB", "faults"]
+    align = ["l", "l", "r", "r", "r", "r"]
     if have_hakmem:
-        header += [f"hak/{SHORT[b]}" for b in BASELINES] + ["RSS hak/mi"]
-        align += ["r"] * (len(BASELINES) + 1)
+        header += [f"hak/{SHORT.get(b, b)}" for b in baselines]
+        header += [f"RSS hak/{SHORT.get(b, b)}" for b in rss_baselines]
+        align += ["r"] * (len(baselines) + len(rss_baselines))
     rows = [header]
     for w in workloads:
         for i, a in enumerate(allocs):
@@ -110,20 +119,21 @@ def main():
             m = med[(w, a)]
             label = w if i == 0 or all((w, x) not in runs for x in allocs[:i]) else ""
             if m is None:
-                nfail = sum(1 for o, _ in runs[(w, a)] if o is None)
-                row = [label, a, f"FAILED {nfail}/{len(runs[(w, a)])}", "", ""]
+                nfail = sum(1 for o, _, _ in runs[(w, a)] if o is None)
+                row = [label, a, f"FAILED {nfail}/{len(runs[(w, a)])}", "", "", ""]
             else:
-                row = [label, a, mops(m[0]), f"{100 * m[2]:.1f}%", f"{m[1]:.0f}"]
+                row = [label, a, mops(m[0]), f"{100 * m[2]:.1f}%", f"{m[1]:.0f}",
+                       "-" if m[3] is None else f"{m[3]:.0f}"]
             if have_hakmem:
                 if a == "hakmem":
                     def val(x, idx):
                         mx = med.get((w, x))
                         return mx[idx] if mx else None
                     h_ops, h_rss = val("hakmem", 0), val("hakmem", 1)
-                    row += [ratio(h_ops, val(b, 0)) for b in BASELINES]
-                    row.append(ratio(h_rss, val("mimalloc", 1)))
+                    row += [ratio(h_ops, val(b, 0)) for b in baselines]
+                    row += [ratio(h_rss, val(b, 1)) for b in rss_baselines]
                 else:
-                    row += [""] * (len(BASELINES) + 1)
+                    row += [""] * (len(baselines) + len(rss_baselines))
             rows.append(row)
 
     first = lambda k, dflt="?": meta.get(k, [dflt])[0]
@@ -136,10 +146,11 @@ def main():
     for s in meta.get("skipped", []):
         out.append(f"- skipped: {s}")
     out.append(f"- {first('runs')} interleaved runs per cell. Mops/s and RSS KiB: medians over "
-               "the runs of ops/s (in millions) and of peak RSS; spread: (max-min)/median of ops/s")
+               "the runs of ops/s (in millions), of peak RSS and of page faults (minor + major, "
+               "getrusage); spread: (max-min)/median of ops/s")
     if have_hakmem:
         out.append("- hak/X: hakmem's median ops/s / X's (> 1: hakmem faster); "
-                   "RSS hak/mi: hakmem's median peak RSS / mimalloc's (> 1: hakmem uses more)")
+                   "RSS hak/X: hakmem's median peak RSS / X's (> 1: hakmem uses more)")
     out.append("")
     out.append(render(rows, align))
     if meta.get("workload"):

@@ -8,8 +8,10 @@
 #        BENCH_TIMEOUT=120       seconds before a single bench run is killed
 #        BENCH_CPU=N             pin every bench run to CPU N (taskset)
 #        HAKMEM_SO=path          hakmem library (default out/release/libhakmem.so)
+#        BENCH_EXTRA="NAME=PATH ..."  more allocators, LD_PRELOADed from PATH
+#                                (e.g. mi3=../shared/anchors/libmimalloc-3.4.3.so)
 #
-# Writes out/bench/results.tsv (one row per run), out/bench/table.md (the
+# Writes out/bench/results.tsv (one row per run: ops/s, peak RSS, page faults), out/bench/table.md (the
 # table printed at the end), out/bench/logs/ (each run's output). Exits
 # non-zero if any bench run failed (crash, timeout, no Throughput line).
 set -euo pipefail
@@ -67,6 +69,13 @@ scenario_json               bench_scenarios json 1000000 42
 scenario_mir                bench_scenarios mir 800000 42
 realloc_growth              HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=67108864 bench_realloc_growth 60 42
 realloc_growth_16-1m        HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1048576 bench_realloc_growth 10000 42
+large_churn_1-32m           HAKMEM_BENCH_MIN_SIZE=1048576 HAKMEM_BENCH_MAX_SIZE=33554432 bench_large_churn 150 20 42
+large_churn_1-32m_write     HAKMEM_BENCH_INIT=write HAKMEM_BENCH_MIN_SIZE=1048576 HAKMEM_BENCH_MAX_SIZE=33554432 bench_large_churn 150 20 42
+large_churn_1-4m            HAKMEM_BENCH_MIN_SIZE=1048576 HAKMEM_BENCH_MAX_SIZE=4194304 bench_large_churn 3000 4 42
+append_64k                  HAKMEM_BENCH_MAX_SIZE=65536 HAKMEM_BENCH_STEP=16 bench_append 4 64 42
+append_1m                   HAKMEM_BENCH_MAX_SIZE=1048576 HAKMEM_BENCH_STEP=256 bench_append 2 64 42
+append_64m                  HAKMEM_BENCH_MAX_SIZE=67108864 HAKMEM_BENCH_STEP=65536 bench_append 2 8 42
+burst_8k-1m                 HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=1048576 bench_burst 6 256 42
 EOF
 }
 
@@ -152,6 +161,25 @@ for a in ${ALLOCATORS//,/ }; do
     SO[$a]=$so
     allocs+=("$a")
 done
+for e in ${BENCH_EXTRA:-}; do
+    a=${e%%=*} so=${e#*=}
+    if [[ $e != *=* || -z $a || ! $a =~ ^[A-Za-z0-9_.-]+$ ]]; then
+        echo "bench/run.sh: BENCH_EXTRA entries are NAME=PATH (got '$e')" >&2
+        exit 2
+    fi
+    if [ -n "${SO[$a]+x}" ]; then
+        echo "bench/run.sh: BENCH_EXTRA: allocator '$a' given twice" >&2
+        exit 2
+    fi
+    if ! [ -r "$so" ]; then
+        echo "bench/run.sh: WARNING: BENCH_EXTRA $a: $so not readable; skipping $a" >&2
+        skipped+=("$a (no $so)")
+        continue
+    fi
+    SO[$a]=$(realpath "$so")
+    VER[$a]="$a ($(basename "$so"))"
+    allocs+=("$a")
+done
 if [ "${#allocs[@]}" -eq 0 ]; then
     echo "bench/run.sh: no allocator to run" >&2
     exit 2
@@ -211,7 +239,7 @@ done
 # ---- runs ---------------------------------------------------------------------
 RESULTS=$OUT/results.tsv
 FAILURES=$OUT/failures.tsv
-printf 'workload\tallocator\trun\tops_per_s\tpeak_rss_kib\n' >"$RESULTS"
+printf 'workload\tallocator\trun\tops_per_s\tpeak_rss_kib\tfaults\n' >"$RESULTS"
 printf 'workload\tallocator\trun\treason\tlog\n' >"$FAILURES"
 pin=()
 [ -n "${BENCH_CPU:-}" ] && pin=(taskset -c "$BENCH_CPU")
@@ -220,7 +248,7 @@ nfail=0
 # run_one WORKLOAD_INDEX ALLOCATOR RUN: one bench run; appends to the TSVs and
 # prints a short result (e.g. "71.87M" or "FAILED") on stdout.
 run_one() {
-    local i=$1 a=$2 r=$3 name=${wl_names[$1]} w rc ops rss reason=""
+    local i=$1 a=$2 r=$3 name=${wl_names[$1]} w rc ops rss faults reason=""
     local log=$OUT/logs/$name.$a.$r.log
     local -a envs=() cmd=()
     for w in ${wl_specs[$i]}; do
@@ -243,6 +271,7 @@ run_one() {
         set -e
         ops=$(sed -n 's/^Throughput = \([0-9][0-9]*\) ops\/s$/\1/p' "$log" | tail -1)
         rss=$(sed -n 's/^Peak RSS = \([0-9][0-9]*\) KiB$/\1/p' "$log" | tail -1)
+        faults=$(sed -n 's/^Page faults = \([0-9][0-9]*\)$/\1/p' "$log" | tail -1)
         if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
             reason="timed out after ${BENCH_TIMEOUT}s"
         elif [ $rc -gt 128 ]; then
@@ -256,12 +285,12 @@ run_one() {
         fi
     fi
     if [ -n "$reason" ]; then
-        printf '%s\t%s\t%s\tFAILED\t-\n' "$name" "$a" "$r" >>"$RESULTS"
+        printf '%s\t%s\t%s\tFAILED\t-\t-\n' "$name" "$a" "$r" >>"$RESULTS"
         printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$reason" "$log" >>"$FAILURES"
         echo "FAILED"
         return 1
     fi
-    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$ops" "$rss" >>"$RESULTS"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$ops" "$rss" "${faults:--}" >>"$RESULTS"
     awk -v o="$ops" 'BEGIN { printf "%.2fM", o / 1e6 }'
 }
 

@@ -99,24 +99,13 @@ interposes() {
 declare -A SO=() BROKEN=()
 allocs=()
 for a in ${ALLOCATORS//,/ }; do
-    case $a in
-    glibc) so="" ;;
-    hakmem)
-        if ! [ -r "$HAKMEM_SO" ]; then
-            echo "bench/syscalls.sh: WARNING: $HAKMEM_SO not found (library not built?); skipping hakmem" >&2
-            continue
-        fi
-        so=$(realpath "$HAKMEM_SO")
-        ;;
-    mimalloc) so=$(find_lib libmimalloc.so.2 libmimalloc2.0) ;;
-    jemalloc) so=$(find_lib libjemalloc.so.2 libjemalloc2) ;;
-    *)
+    rc=0
+    so=$(allocator_so "$a") || rc=$?
+    if [ $rc -eq 2 ]; then
         echo "bench/syscalls.sh: unknown allocator '$a' (known: glibc hakmem mimalloc jemalloc)" >&2
         exit 2
-        ;;
-    esac
-    if [ "$a" != glibc ] && [ -z "$so" ]; then
-        echo "bench/syscalls.sh: WARNING: no library for $a (run bench/deps.sh); skipping it" >&2
+    elif [ $rc -ne 0 ]; then
+        echo "bench/syscalls.sh: WARNING: no library for $a (not built, or run bench/deps.sh); skipping it" >&2
         continue
     fi
     if [ -n "$so" ] && ! interposes "$so" "$a"; then

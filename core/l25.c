@@ -369,7 +369,6 @@ void *l25_alloc_uncached(uint32_t cls) {
 }
 
 void *l25_alloc_slow(uint32_t cls) {
-    if (!hak_tc.open && !tc_thread_start()) return l25_alloc_uncached(cls);
     void *blocks[L25_BATCH_MAX];
     uint32_t want = tc_batch(cls);
     uint32_t got = l25_take(cls, l25_thread_shard(), blocks, want ? want : 1);

@@ -23,8 +23,9 @@
  * partly used bundles.
  *
  * The tier also serves, one block at a time and uncached, blocks of the other
- * tiers' classes that those cannot: Tiny classes past a full SuperSlab range,
- * and requests of threads that may not cache (see tc_thread_start). Such
+ * tiers' classes when those have no memory (a full SuperSlab range, a
+ * refused Pool chunk), and every request of a thread that may not cache (see
+ * tc_thread_start): the front decides both (front_class_miss). Such
  * bundles have too many blocks for inline bitmaps and keep theirs in their
  * first blocks. */
 #ifndef HAK_L25_H
@@ -94,6 +95,8 @@ HAK_INLINE int64_t l25_index(const struct l25_bundle *b, const void *p) {
     return (int64_t)i;
 }
 
+/* Refill the (open) thread cache of cls and hand out a block; NULL (errno
+ * ENOMEM) when out of memory. */
 void *l25_alloc_slow(uint32_t cls);
 /* p, a valid block of b no longer live, could not go into the thread cache
  * (other tier's class, uncached thread, or cache full: room overdrawn). */
@@ -118,11 +121,6 @@ HAK_INLINE void *l25_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);
     if (hak_likely(p != NULL)) l25_set_live(p);
     return p;
-}
-
-HAK_INLINE void *l25_alloc(uint32_t cls) {
-    void *p = l25_alloc_fast(cls);
-    return hak_likely(p != NULL) ? p : l25_alloc_slow(cls);
 }
 
 /* Free p, whose region entry e says RMAP_L25; `fn` names the API call. */

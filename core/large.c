@@ -26,33 +26,45 @@ struct large_hdr {
     void *user;      /* the pointer handed out */
     size_t map_size; /* bytes mapped from the header on */
     size_t offset;   /* user - header */
+    size_t req;      /* the size last asked for */
+    bool thp;        /* the mapping asked for huge pages */
+    bool growing;    /* from large_alloc_growing: counted in large_growing_live */
 };
 
-/* BigCache: freed mappings by size class, four classes per power of two
- * from 1 MiB to 1 GiB (bigger ones are not kept), a few per class, all of
- * them together within hak_cfg.bigcache_bytes. An entry unused for
- * hak_cfg.bigcache_age_ms is decommitted (its pages go, the mapping stays
- * for reuse), and after twice that it is unmapped: the ages are looked at
- * on the tier's own calls and on malloc_trim. */
-#define LARGE_CLASS_MIN_LG 20
-#define LARGE_NCLASSES     41 /* up to 1 MiB, then four per power of two to 1 GiB */
-#define LARGE_CLASS_N      4  /* entries per class */
+/* Blocks from large_alloc_growing live now, at most LARGE_GROWING_MAX: each
+ * is a mapping of its own (the kernel limits their number) of 2 MiB of
+ * address space. */
+#define LARGE_GROWING_MAX 1024
+static _Atomic uint32_t large_growing_live;
+
+/* BigCache: freed mappings kept for reuse, at most LARGE_CACHE_N of them
+ * and hak_cfg.bigcache_bytes together. A request takes the smallest one that
+ * holds it and leaves the rest, from the first region boundary past the
+ * request on, in the cache (the same pages, still resident: no fault when a
+ * later request takes it); or, when none is big enough, grows the biggest
+ * one with mremap, so that only the new part takes page faults. An entry
+ * unused for hak_cfg.bigcache_age_ms is decommitted (its pages go, the
+ * mapping stays for reuse), and after twice that it is unmapped: the ages
+ * are looked at on the tier's own calls and on malloc_trim. */
+#define LARGE_CACHE_N 64
 
 struct large_entry {
     struct large_hdr *h; /* unreadable once decommitted: the size is here */
     size_t size;
-    uint64_t freed_ms; /* when it was freed */
+    uint64_t freed_ms; /* when it was freed; 0: to be unmapped */
+    uint64_t seq;      /* order of the frees (many share a millisecond) */
     bool decommitted;
+    bool thp; /* the mapping asked for huge pages */
 };
 
 struct large_cache {
     pthread_mutex_t lock;
     size_t bytes;     /* mapped bytes of all entries */
-    uint32_t n;       /* entries */
+    uint32_t n;       /* entries, in no order */
     uint64_t aged_ms; /* last look at the ages */
     uint64_t decommits;
-    uint8_t count[LARGE_NCLASSES];
-    struct large_entry e[LARGE_NCLASSES][LARGE_CLASS_N]; /* oldest first */
+    uint64_t seq; /* frees so far */
+    struct large_entry e[LARGE_CACHE_N];
 };
 static struct large_cache large_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -61,17 +73,6 @@ static _Atomic uint64_t large_n_allocs, large_n_frees, large_n_hits, large_n_inp
 
 static inline void large_add(_Atomic uint64_t *c, int64_t d) {
     atomic_fetch_add_explicit(c, (uint64_t)d, memory_order_relaxed);
-}
-
-/* The class of a mapping of `size` bytes (a page multiple > 0): the smallest
- * class at least that big, four per power of two; LARGE_NCLASSES when too
- * big to keep. Sizes up to 1 MiB share class 0. */
-static uint32_t large_class(size_t size) {
-    if (size <= ((size_t)1 << LARGE_CLASS_MIN_LG)) return 0;
-    size_t m = size - 1;
-    unsigned lg = 63u - (unsigned)__builtin_clzl(m);
-    uint32_t c = (lg - LARGE_CLASS_MIN_LG) * 4 + (uint32_t)((m >> (lg - 2)) & 3) + 1;
-    return c < LARGE_NCLASSES ? c : LARGE_NCLASSES;
 }
 
 /* Alignment of the mapping itself: regions at least, more for big requests. */
@@ -84,8 +85,11 @@ static inline size_t large_offset(size_t align) {
 }
 
 /* A fresh mapping of `size` bytes at `map_align`, registered in the region
- * map; NULL with errno ENOMEM when either step fails (nothing is left). */
-static struct large_hdr *large_map(size_t size, size_t map_align) {
+ * map, with huge pages when `thp` (the kernel backs each 2 MiB-aligned
+ * stretch with one page on its first touch: one fault instead of 512; a
+ * refusal is fine); NULL with errno ENOMEM when it cannot be had (nothing
+ * is left). */
+static struct large_hdr *large_map(size_t size, size_t map_align, bool thp) {
     struct large_hdr *h = os_map_aligned(size, map_align);
     if (h && !rmap_mark_span(h, size, RMAP_LARGE)) {
         os_unmap(h, size);
@@ -95,8 +99,7 @@ static struct large_hdr *large_map(size_t size, size_t map_align) {
         errno = ENOMEM;
         return NULL;
     }
-    /* Huge pages where asked for; the kernel may say no, which is fine. */
-    if (hak_cfg.hugepages && size >= HAK_REGION_SIZE) os_hugepages(h, size);
+    if (thp) os_hugepages(h, size);
     return h;
 }
 
@@ -105,137 +108,58 @@ static void large_release(struct large_hdr *h, size_t size) {
     os_unmap(h, size);
 }
 
-/* Remove entry i of class c. Lock held. */
-static struct large_entry large_cache_remove(struct large_cache *lc, uint32_t c, uint32_t i) {
-    struct large_entry e = lc->e[c][i];
-    memmove(&lc->e[c][i], &lc->e[c][i + 1], (lc->count[c] - i - 1) * sizeof e);
-    lc->count[c]--;
-    lc->n--;
+/* Remove entry i. Lock held. */
+static struct large_entry large_cache_remove(struct large_cache *lc, uint32_t i) {
+    struct large_entry e = lc->e[i];
+    lc->e[i] = lc->e[--lc->n];
     lc->bytes -= e.size;
     return e;
 }
 
-/* The least recently freed entry of all. Lock held, lc->n > 0. */
-static uint32_t large_cache_oldest(struct large_cache *lc) {
+/* The least recently freed entry. Lock held, lc->n > 0. */
+static uint32_t large_cache_oldest(const struct large_cache *lc) {
     uint32_t best = 0;
-    for (uint32_t c = 0; c < LARGE_NCLASSES; c++)
-        if (lc->count[c] && (!lc->count[best] || lc->e[c][0].freed_ms < lc->e[best][0].freed_ms))
-            best = c;
+    for (uint32_t i = 1; i < lc->n; i++)
+        if (lc->e[i].seq < lc->e[best].seq) best = i;
     return best;
+}
+
+/* Make room for `size` more bytes and one more entry, evicting the least
+ * recently freed into out[] (to be unmapped). Lock held; how many. */
+static uint32_t large_cache_room(struct large_cache *lc, size_t size, struct large_entry *out) {
+    uint32_t n = 0;
+    while (lc->n > 0 && (lc->n == LARGE_CACHE_N || lc->bytes + size > hak_cfg.bigcache_bytes)) {
+        out[n] = large_cache_remove(lc, large_cache_oldest(lc));
+        out[n++].freed_ms = 0;
+    }
+    return n;
+}
+
+static void large_cache_insert(struct large_cache *lc, struct large_entry e) {
+    lc->e[lc->n++] = e;
+    lc->bytes += e.size;
 }
 
 /* Entries past their age: out of the cache into out[] (to be decommitted or
  * unmapped outside the lock by large_cache_retire); how many. Lock held. */
-static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct large_entry *out,
-                                   uint32_t max) {
+static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct large_entry *out) {
     uint64_t age = hak_cfg.bigcache_age_ms;
     uint32_t n = 0;
     /* A look every quarter age at most: the scan is not free. */
     if (now - lc->aged_ms < age / 4) return 0;
     lc->aged_ms = now;
-    for (uint32_t c = 0; c < LARGE_NCLASSES && n < max; c++) {
-        for (uint32_t i = 0; i < lc->count[c] && n < max;) {
-            struct large_entry *e = &lc->e[c][i];
-            uint64_t idle = now - e->freed_ms;
-            if (idle >= 2 * age || (idle >= age && !e->decommitted))
-                out[n++] = large_cache_remove(lc, c, i);
-            else
-                i++;
-        }
+    for (uint32_t i = 0; i < lc->n;) {
+        uint64_t idle = now - lc->e[i].freed_ms;
+        if (idle >= 2 * age || (idle >= age && !lc->e[i].decommitted))
+            out[n++] = large_cache_remove(lc, i);
+        else
+            i++;
     }
     return n;
 }
 
-/* Decommit or unmap what large_cache_expire took out; decommitted entries go
- * back into the cache. */
-static void large_cache_retire(const struct large_entry *out, uint32_t n);
-
-/* Give the tail of cached mapping h (`size` bytes) beyond `need` back to the
- * OS: the front keeps its resident pages, so a block copied into it (a
- * realloc leaving a smaller tier) takes no page faults. Returns the size h
- * has now. */
-static size_t large_trim_to(struct large_hdr *h, size_t size, size_t need) {
-    size_t keep = hak_align_up(need, HAK_REGION_SIZE);
-    if (keep < size) rmap_clear_span((uint8_t *)h + keep, size - keep);
-    int saved = errno; /* a refusal is no failure of malloc */
-    if (os_resize(h, size, need)) return need;
-    errno = saved;
-    rmap_mark_span(h, size, RMAP_LARGE); /* cannot fail: the leaves exist */
-    return size;
-}
-
-/* A cached mapping for `need` bytes at `map_align`, or NULL: the newest one
- * at most 25% bigger, else the smallest one up to 4x bigger (with
- * `any_bigger`, of any size) that still has its pages, cut down to `need`.
- * *zeroed when its pages were decommitted (they read as zero). */
-static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool any_bigger,
-                                          bool *zeroed) {
-    struct large_cache *lc = &large_cache;
-    struct large_entry old[LARGE_NCLASSES * LARGE_CLASS_N];
-    struct large_entry got = {0};
-    uint32_t c0 = large_class(need), nold;
-    hak_lock(&lc->lock);
-    /* Class c0 holds sizes just below and above need; c0+1 those up to 25%
-     * over it. Newest first: their pages are the likeliest still in cache. */
-    for (uint32_t c = c0; c <= c0 + 1 && c < LARGE_NCLASSES && got.h == NULL; c++) {
-        for (uint32_t i = lc->count[c]; i-- > 0;) {
-            struct large_entry *e = &lc->e[c][i];
-            if (e->size < need || e->size - need > need / 4) continue;
-            if (((uintptr_t)e->h & (map_align - 1)) != 0) continue;
-            got = large_cache_remove(lc, c, i);
-            break;
-        }
-    }
-    /* Up to 4x the request: a much bigger mapping is likelier wanted again
-     * at its own size (a recycled scratch buffer) than worth cutting; but
-     * for a block that realloc grows, any. */
-    for (uint32_t c = c0 + 2; c < LARGE_NCLASSES && got.h == NULL; c++) {
-        for (uint32_t i = lc->count[c]; i-- > 0;) {
-            struct large_entry *e = &lc->e[c][i];
-            if (e->decommitted || (!any_bigger && e->size / 4 > need)) continue;
-            if (((uintptr_t)e->h & (map_align - 1)) != 0) continue;
-            got = large_cache_remove(lc, c, i);
-            break;
-        }
-    }
-    nold = large_cache_expire(lc, hak_now_ms(), old, LARGE_NCLASSES * LARGE_CLASS_N);
-    hak_unlock(&lc->lock);
-    large_cache_retire(old, nold);
-    if (got.h == NULL) return NULL;
-    *zeroed = got.decommitted;
-    /* A decommitted header reads as zero: the size comes from the entry. */
-    got.h->map_size = got.size - need > need / 4 ? large_trim_to(got.h, got.size, need) : got.size;
-    return got.h;
-}
-
-/* Keep h for reuse, evicting the oldest entries to stay in bounds. */
-static void large_cache_put(struct large_hdr *h) {
-    struct large_cache *lc = &large_cache;
-    struct large_entry old[LARGE_NCLASSES * LARGE_CLASS_N + 1]; /* the whole cache, at worst */
-    uint32_t c = large_class(h->map_size), nold = 0;
-    size_t budget = hak_cfg.bigcache_bytes;
-    if (c >= LARGE_NCLASSES || h->map_size > budget) {
-        large_release(h, h->map_size);
-        return;
-    }
-    uint64_t now = hak_now_ms();
-    hak_lock(&lc->lock);
-    if (lc->count[c] == LARGE_CLASS_N) {
-        old[nold] = large_cache_remove(lc, c, 0);
-        old[nold++].freed_ms = 0; /* unmap */
-    }
-    while (lc->bytes + h->map_size > budget) {
-        old[nold] = large_cache_remove(lc, large_cache_oldest(lc), 0);
-        old[nold++].freed_ms = 0;
-    }
-    lc->e[c][lc->count[c]++] = (struct large_entry){.h = h, .size = h->map_size, .freed_ms = now};
-    lc->n++;
-    lc->bytes += h->map_size;
-    nold += large_cache_expire(lc, now, old + nold, LARGE_NCLASSES * LARGE_CLASS_N + 1 - nold);
-    hak_unlock(&lc->lock);
-    large_cache_retire(old, nold); /* syscalls outside the lock */
-}
-
+/* Decommit or unmap what large_cache_expire or large_cache_room took out;
+ * decommitted entries go back into the cache. */
 static void large_cache_retire(const struct large_entry *out, uint32_t n) {
     struct large_cache *lc = &large_cache;
     uint64_t now = hak_now_ms();
@@ -250,26 +174,177 @@ static void large_cache_retire(const struct large_entry *out, uint32_t n) {
             continue;
         }
         /* Back in, as old as it was; dropped if the cache filled meanwhile. */
-        uint32_t c = large_class(e.size);
         bool kept = false;
+        e.decommitted = true;
         hak_lock(&lc->lock);
-        if (lc->count[c] < LARGE_CLASS_N && lc->bytes + e.size <= hak_cfg.bigcache_bytes) {
-            uint32_t j = lc->count[c];
-            while (j > 0 && lc->e[c][j - 1].freed_ms > e.freed_ms) {
-                lc->e[c][j] = lc->e[c][j - 1];
-                j--;
-            }
-            e.decommitted = true;
-            lc->e[c][j] = e;
-            lc->count[c]++;
-            lc->n++;
-            lc->bytes += e.size;
+        if (lc->n < LARGE_CACHE_N && lc->bytes + e.size <= hak_cfg.bigcache_bytes) {
+            large_cache_insert(lc, e);
             lc->decommits++;
             kept = true;
         }
         hak_unlock(&lc->lock);
         if (!kept) large_release(e.h, e.size);
     }
+}
+
+/* Merge into *e the cached entries right before and after it in address
+ * space with pages in the same state (decommitted or not, huge or not), so that freed
+ * neighbours serve a request as big as both. (A range may then span two
+ * kernel mappings, which mremap refuses: its growth then maps afresh, and a
+ * block cut from it is copied when realloc cannot move it.) Lock held. */
+static void large_cache_merge(struct large_cache *lc, struct large_entry *e) {
+    for (uint32_t i = 0; i < lc->n;) {
+        struct large_entry *c = &lc->e[i];
+        bool before = (uint8_t *)c->h + c->size == (uint8_t *)e->h;
+        bool after = (uint8_t *)e->h + e->size == (uint8_t *)c->h;
+        if (c->decommitted != e->decommitted || c->thp != e->thp || (!before && !after)) {
+            i++;
+            continue;
+        }
+        struct large_entry n = large_cache_remove(lc, i);
+        if (before) e->h = n.h;
+        e->size += n.size;
+        if (n.seq > e->seq) e->seq = n.seq;
+        if (n.freed_ms > e->freed_ms) e->freed_ms = n.freed_ms;
+        i = 0; /* the merged range may touch another */
+    }
+}
+
+/* Put a mapping (whole, or the rest of a split one) into the cache. */
+static void large_cache_add(struct large_entry e) {
+    struct large_cache *lc = &large_cache;
+    struct large_entry old[2 * LARGE_CACHE_N + 1];
+    if (e.size > hak_cfg.bigcache_bytes) {
+        large_release(e.h, e.size);
+        return;
+    }
+    hak_lock(&lc->lock);
+    large_cache_merge(lc, &e);
+    if (e.size > hak_cfg.bigcache_bytes) {
+        hak_unlock(&lc->lock);
+        large_release(e.h, e.size);
+        return;
+    }
+    uint32_t nold = large_cache_room(lc, e.size, old);
+    if (e.seq == 0) e.seq = ++lc->seq; /* a split-off rest keeps its place */
+    large_cache_insert(lc, e);
+    nold += large_cache_expire(lc, hak_now_ms(), old + nold);
+    hak_unlock(&lc->lock);
+    large_cache_retire(old, nold); /* syscalls outside the lock */
+}
+
+/* The cached entry to serve `need` bytes at `map_align`: the smallest one
+ * with its pages that is big enough (for a request below a region, at most
+ * 4x bigger); else the biggest one with its pages (grown by the caller);
+ * else the smallest decommitted one big enough. With
+ * `small_pages`, only mappings without huge pages (a block to grow in place:
+ * a huge page would make 2 MiB resident for its first byte). Lock held;
+ * LARGE_CACHE_N when there is none. */
+static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size_t map_align,
+                                 bool small_pages) {
+    uint32_t fit = LARGE_CACHE_N, grow = LARGE_CACHE_N, cold = LARGE_CACHE_N;
+    for (uint32_t i = 0; i < lc->n; i++) {
+        const struct large_entry *e = &lc->e[i];
+        if (((uintptr_t)e->h & (map_align - 1)) != 0 || (small_pages && e->thp)) continue;
+        /* A request below a region would keep a whole region of a bigger
+         * entry (a split leaves region-aligned parts): not more than 4x. */
+        if (need < HAK_REGION_SIZE && e->size / 4 > need) continue;
+        if (e->decommitted) {
+            if (e->size >= need && (cold == LARGE_CACHE_N || e->size < lc->e[cold].size)) cold = i;
+        } else if (e->size >= need) {
+            if (fit == LARGE_CACHE_N || e->size < lc->e[fit].size) fit = i;
+        } else if (grow == LARGE_CACHE_N || e->size > lc->e[grow].size) {
+            grow = i;
+        }
+    }
+    return fit != LARGE_CACHE_N ? fit : grow != LARGE_CACHE_N ? grow : cold;
+}
+
+/* A cached mapping of at least `need` bytes at `map_align` (see
+ * large_cache_pick for `small_pages`), its regions marked for it and its
+ * map_size and thp set, or NULL. *clean: bytes from this offset on read as
+ * zero (pages decommitted, or added by growth). */
+static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool small_pages,
+                                          size_t *clean) {
+    struct large_cache *lc = &large_cache;
+    struct large_entry old[LARGE_CACHE_N], got = {0};
+    hak_lock(&lc->lock);
+    uint32_t i = large_cache_pick(lc, need, map_align, small_pages);
+    if (i != LARGE_CACHE_N) got = large_cache_remove(lc, i);
+    uint32_t nold = large_cache_expire(lc, hak_now_ms(), old);
+    hak_unlock(&lc->lock);
+    large_cache_retire(old, nold);
+    if (got.h == NULL) return NULL;
+
+    struct large_hdr *h = got.h;
+    *clean = got.decommitted ? 0 : got.size;
+    if (got.size < need) {
+        /* Grown where it is, or its pages moved to a new mapping. */
+        int saved = errno; /* a refusal is no failure of malloc */
+        if (os_resize(h, got.size, need)) {
+            if (got.thp) os_hugepages(h, need); /* the part added too */
+        } else {
+            /* (The move keeps the moved mapping's own huge-page setting.) */
+            struct large_hdr *dst = large_map(need, map_align, false);
+            rmap_clear_span(h, got.size);
+            if (dst == NULL || !os_move(h, got.size, need, dst)) {
+                /* (mremap refuses a range of two merged mappings.) */
+                if (dst) large_release(dst, need);
+                rmap_mark_span(h, got.size, RMAP_LARGE); /* cannot fail: the leaves exist */
+                large_cache_add(got);
+                errno = saved;
+                return NULL;
+            }
+            h = dst;
+        }
+        errno = saved;
+        got.size = need;
+    } else {
+        /* The rest past the next region boundary stays cached, pages and
+         * all, as a mapping of its own. */
+        size_t keep = hak_align_up(need, HAK_REGION_SIZE);
+        if (got.size > keep && got.size - keep >= HAK_REGION_SIZE) {
+            large_cache_add((struct large_entry){.h = (struct large_hdr *)((uint8_t *)h + keep),
+                                                 .size = got.size - keep,
+                                                 .freed_ms = got.freed_ms,
+                                                 .seq = got.seq,
+                                                 .decommitted = got.decommitted,
+                                                 .thp = got.thp});
+            got.size = keep;
+        }
+    }
+    /* Its regions may have pointed to the header of the mapping it was cut
+     * from. Cannot fail: their leaves exist (or the growth made them). */
+    if (!rmap_mark_span(h, got.size, RMAP_LARGE)) {
+        large_release(h, got.size);
+        return NULL;
+    }
+    h->map_size = got.size;
+    h->thp = got.thp;
+    return h;
+}
+
+/* The cached mapping that starts at `at`, out of the cache if it has at
+ * least `min` bytes and the same huge-page setting as `thp` (else the two
+ * would be kernel mappings of their own, which mremap refuses as one);
+ * size 0 when there is none. */
+static struct large_entry large_cache_claim(const void *at, size_t min, bool thp) {
+    struct large_cache *lc = &large_cache;
+    struct large_entry got = {0};
+    hak_lock(&lc->lock);
+    for (uint32_t i = 0; i < lc->n; i++) {
+        if (lc->e[i].h != at) continue;
+        if (lc->e[i].size >= min && lc->e[i].thp == thp) got = large_cache_remove(lc, i);
+        break;
+    }
+    hak_unlock(&lc->lock);
+    return got;
+}
+
+/* Keep h for reuse. */
+static void large_cache_put(struct large_hdr *h) {
+    large_cache_add(
+        (struct large_entry){.h = h, .size = h->map_size, .freed_ms = hak_now_ms(), .thp = h->thp});
 }
 
 static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
@@ -282,20 +357,36 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
      * an alignment offset would start one past its mapping. */
     size_t need = hak_align_up(off + (size ? size : 1), HAK_PAGE_SIZE);
     size_t map_align = large_map_align(align);
+    size_t whole = hak_align_up(need, HAK_REGION_SIZE);
+    bool thp = false;
+    if (growing) {
+        /* Room to grow in place to the end of its region: address space
+         * only, its pages untouched until used. */
+        need = whole;
+    } else if (hak_cfg.hugepages && need >= HAK_REGION_SIZE) {
+        /* A mapping of whole regions is all huge pages, its last part too:
+         * worth up to a quarter more address space (not under a limit on
+         * it), which a huge page then makes resident as soon as any of it is
+         * touched. */
+        thp = true;
+        if (whole != need && whole - need <= need / 4 && os_as_limit() == SIZE_MAX) need = whole;
+    }
 
-    bool zeroed = false;
-    struct large_hdr *h = large_cache_take(need, map_align, growing, &zeroed);
-    bool dirty = h != NULL && !zeroed;
+    size_t clean = 0; /* fresh mappings are zero throughout */
+    struct large_hdr *h = large_cache_take(need, map_align, growing, &clean);
     if (h) {
         large_add(&large_n_hits, 1);
     } else {
-        if ((h = large_map(need, map_align)) == NULL) return NULL;
+        if ((h = large_map(need, map_align, thp)) == NULL) return NULL;
         h->map_size = need;
+        h->thp = thp;
     }
     h->magic = LARGE_LIVE;
     h->offset = off;
     h->user = (uint8_t *)h + off;
-    if (zero && dirty) memset(h->user, 0, size); /* fresh mappings are already zero */
+    h->req = size;
+    h->growing = growing;
+    if (zero && clean > off) memset(h->user, 0, clean - off < size ? clean - off : size);
     large_add(&large_n_allocs, 1);
     large_add(&large_live_blocks, 1);
     large_add(&large_live_bytes, (int64_t)h->map_size);
@@ -307,7 +398,20 @@ void *large_alloc(size_t size, size_t align, bool zero) {
 }
 
 void *large_alloc_growing(size_t size) {
-    return large_alloc_as(size, HAK_MIN_ALIGN, false, true);
+    /* Each is 2 MiB of address space: not under an address-space limit. */
+    if (atomic_fetch_add_explicit(&large_growing_live, 1, memory_order_relaxed) >=
+            LARGE_GROWING_MAX ||
+        os_as_limit() != SIZE_MAX) {
+        atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
+        return NULL;
+    }
+    int saved = errno; /* a refusal here is no failure of realloc */
+    void *p = large_alloc_as(size, HAK_MIN_ALIGN, false, true);
+    if (p == NULL) {
+        atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
+        errno = saved;
+    }
+    return p;
 }
 
 /* The live header for p, or abort naming p. */
@@ -322,6 +426,7 @@ static struct large_hdr *large_header(const void *p, uint32_t entry, const char 
 void large_free(void *p, uint32_t entry, const char *fn) {
     struct large_hdr *h = large_header(p, entry, fn);
     h->magic = LARGE_FREE;
+    if (h->growing) atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
     large_add(&large_n_frees, 1);
     large_add(&large_live_blocks, -1);
     large_add(&large_live_bytes, -(int64_t)h->map_size);
@@ -336,7 +441,8 @@ size_t large_usable_size(const void *p, uint32_t entry, const char *fn) {
 /* Move block h's pages into a fresh aligned mapping of `need` bytes. */
 static void *large_move(struct large_hdr *h, size_t need) {
     size_t off = h->offset, old = h->map_size;
-    struct large_hdr *dst = large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0));
+    /* (The move keeps the mapping's own huge-page setting.) */
+    struct large_hdr *dst = large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0), false);
     if (dst == NULL) return NULL;
     rmap_clear_span(h, old);
     if (!os_move(h, old, need, dst)) {
@@ -353,6 +459,33 @@ static void *large_move(struct large_hdr *h, size_t need) {
     return dst->user;
 }
 
+/* Grow h (`old` bytes) to `need` over the cached mapping right after it, if
+ * there is one big enough (what a split left of h's own mapping, typically:
+ * no syscall, no fault for the pages it kept); what h does not need of it
+ * stays cached, from the next region boundary on. */
+static bool large_grow_into_cached(struct large_hdr *h, size_t old, size_t need) {
+    uint8_t *end = (uint8_t *)h + old;
+    struct large_entry got = large_cache_claim(end, need - old, h->thp);
+    if (got.size == 0) return false;
+    size_t size = old + got.size, keep = hak_align_up(need, HAK_REGION_SIZE);
+    if (size > keep && size - keep >= HAK_REGION_SIZE) {
+        large_cache_add((struct large_entry){.h = (struct large_hdr *)((uint8_t *)h + keep),
+                                             .size = size - keep,
+                                             .freed_ms = got.freed_ms,
+                                             .seq = got.seq,
+                                             .decommitted = got.decommitted,
+                                             .thp = got.thp});
+        size = keep;
+    }
+    /* Its regions pointed to its own header: now to h's. Cannot fail (the
+     * leaves exist). */
+    rmap_mark_span(h, size, RMAP_LARGE);
+    h->map_size = size;
+    large_add(&large_n_inplace, 1);
+    large_add(&large_live_bytes, (int64_t)size - (int64_t)old);
+    return true;
+}
+
 void *large_realloc(void *p, uint32_t entry, size_t n) {
     struct large_hdr *h = large_header(p, entry, "realloc");
     size_t off = h->offset, old = h->map_size;
@@ -361,8 +494,13 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
         return NULL;
     }
     size_t need = hak_align_up(off + n, HAK_PAGE_SIZE);
-    if (need <= old && need >= old / 2) return p; /* fits; not worth trimming */
-    int saved = errno; /* a failed in-place attempt must not show in errno */
+    /* Fits: trimmed only when asked for less than before, by half or more
+     * (a block growing into its room stays as it is). */
+    bool shrinking = n < h->req;
+    h->req = n;
+    if (need <= old && (!shrinking || need >= old / 2)) return p;
+    if (n <= HAK_SMALL_MAX) return NULL; /* a small block now: copied into its class */
+    int saved = errno;                   /* a failed in-place attempt must not show in errno */
 
     /* Region-map entries of a range are always cleared before the range is
      * given up, so another thread mapping it next never has its fresh
@@ -376,6 +514,8 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
             errno = saved;
             return p; /* keep the bigger mapping */
         }
+    } else if (large_grow_into_cached(h, old, need)) {
+        return p; /* the rest of its own mapping, split off earlier and cached */
     } else if (os_resize(h, old, need)) {
         if (!rmap_mark_span(h, need, RMAP_LARGE)) {
             os_resize(h, need, old); /* cannot register the growth: undo it */
@@ -395,12 +535,12 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
 
 bool large_trim(void) {
     struct large_cache *lc = &large_cache;
-    struct large_entry all[LARGE_NCLASSES * LARGE_CLASS_N];
-    uint32_t n = 0;
+    struct large_entry all[LARGE_CACHE_N];
     hak_lock(&lc->lock);
-    for (uint32_t c = 0; c < LARGE_NCLASSES; c++)
-        while (lc->count[c])
-            all[n++] = large_cache_remove(lc, c, lc->count[c] - 1);
+    uint32_t n = lc->n;
+    memcpy(all, lc->e, n * sizeof all[0]);
+    lc->n = 0;
+    lc->bytes = 0;
     hak_unlock(&lc->lock);
     for (uint32_t i = 0; i < n; i++)
         large_release(all[i].h, all[i].size);

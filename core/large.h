@@ -1,10 +1,11 @@
 /* Large tier, above HAK_SMALL_MAX: one mapping per block, a 64-byte header at
  * the mapping's start, the block after it (or at the requested alignment).
- * Freed mappings wait in a BigCache (by size class, bounded in entries per
- * class and in bytes, decommitted and then unmapped when they stay unused),
- * so a free/malloc cycle of one size makes no syscall; realloc moves pages
- * with mremap, never bytes. HAKMEM_HUGEPAGES=1 asks for transparent huge
- * pages on mappings of 2 MiB and more. */
+ * Freed mappings wait in a BigCache (bounded in entries and bytes,
+ * decommitted and then unmapped when they stay unused) that serves any
+ * size: a bigger mapping is split at a region boundary, a smaller one grown
+ * with mremap, so freed pages are reused without faults or syscalls;
+ * realloc moves pages with mremap, never bytes. Mappings of 2 MiB and more
+ * get transparent huge pages unless HAKMEM_HUGEPAGES=0. */
 #ifndef HAK_LARGE_H
 #define HAK_LARGE_H
 
@@ -16,15 +17,18 @@
  * zeroed when `zero`. NULL with errno ENOMEM on failure. Any size works, but
  * the front sends only what the smaller tiers cannot serve. */
 void *large_alloc(size_t size, size_t align, bool zero);
-/* large_alloc for a block that realloc grows out of a smaller tier: it may
- * take over any bigger cached mapping, cut down (the rest of a buffer freed
- * earlier, which its growth is likely to need again). */
+/* For a block that realloc grows out of a smaller tier, likely to grow on
+ * (a buffer, a string, a vector): a mapping with room to grow in place to
+ * the end of its 2 MiB region, in small pages (only what is used becomes
+ * resident). NULL, errno untouched, when too many such blocks are live or
+ * under an address-space limit: the caller then grows it as any other. */
 void *large_alloc_growing(size_t size);
 /* p's region entry said RMAP_LARGE; `fn` names the API call for errors. */
 void large_free(void *p, uint32_t entry, const char *fn);
 size_t large_usable_size(const void *p, uint32_t entry, const char *fn);
 /* Resize in place or by moving pages; NULL (errno ENOMEM, p untouched) when
- * neither works. */
+ * neither works, and (errno untouched) when n is a small tier's size that
+ * does not fit in place: the caller copies the block into its class. */
 void *large_realloc(void *p, uint32_t entry, size_t n);
 
 /* Unmap every cached mapping; true when something was released. */

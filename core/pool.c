@@ -8,7 +8,6 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
-#include "l25.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -211,9 +210,6 @@ static void *pool_hand_out(struct pool_chunk *c, void *b, uint32_t cls) {
 }
 
 void *pool_alloc_slow(uint32_t cls) {
-    /* A thread that may not cache owns no heap (nobody would hand it on):
-     * the L2.5 tier serves it, one block at a time. */
-    if (!hak_tc.open && !tc_thread_start()) return l25_alloc_uncached(cls);
     struct pool_heap *h = hak_tc.pool;
     if (h == NULL && (h = hak_tc.pool = pool_heap_get()) == NULL) {
         errno = ENOMEM;

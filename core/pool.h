@@ -76,6 +76,8 @@ HAK_INLINE bool pool_is_block(const struct pool_chunk *c, const void *p) {
            pool_hdr_of(b)->tag == pool_tag(b);
 }
 
+/* A block of cls for a thread whose cache is open and empty for it; NULL
+ * (errno ENOMEM) when the tier has no memory. */
 void *pool_alloc_slow(uint32_t cls);
 /* p (this thread's chunk) did not fit in the thread cache: the push failed,
  * the room is overdrawn. */
@@ -88,11 +90,6 @@ HAK_INLINE void *pool_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);
     if (hak_likely(p != NULL)) pool_hdr_of(p)->state = POOL_LIVE;
     return p;
-}
-
-HAK_INLINE void *pool_alloc(uint32_t cls) {
-    void *p = pool_alloc_fast(cls);
-    return hak_likely(p != NULL) ? p : pool_alloc_slow(cls);
 }
 
 /* Free p, whose region entry e says RMAP_POOL; `fn` names the API call. */

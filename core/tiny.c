@@ -6,7 +6,6 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
-#include "l25.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -223,11 +222,11 @@ static struct ss_slab *tiny_next_slab(struct tiny_heap *h, uint32_t cls) {
 }
 
 void *tiny_alloc_slow(uint32_t cls) {
-    /* A thread that may not cache has no heap either: the L2.5 tier serves
-     * it one block at a time. */
-    if (!hak_tc.open && !tc_thread_start()) return l25_alloc_uncached(cls);
     struct tiny_heap *h = hak_tc.heap;
-    if (h == NULL && (h = hak_tc.heap = tiny_heap_get()) == NULL) return l25_alloc_uncached(cls);
+    if (h == NULL && (h = hak_tc.heap = tiny_heap_get()) == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
     /* Pre-warm: a thread's first refill of a class asks for the whole cache
      * (a fresh slab gives what its first page holds); later ones for half,
      * leaving the other half for frees. */
@@ -236,8 +235,11 @@ void *tiny_alloc_slow(uint32_t cls) {
     struct ss_slab *s = h->cur[cls];
     while (s == NULL || tiny_take(s, cls, want) == 0) {
         /* No slab: the SuperSlab range is full (or was refused) or the OS
-         * is out of memory. The L2.5 tier has its own mappings. */
-        if ((s = tiny_next_slab(h, cls)) == NULL) return l25_alloc_uncached(cls);
+         * is out of memory. */
+        if ((s = tiny_next_slab(h, cls)) == NULL) {
+            errno = ENOMEM;
+            return NULL;
+        }
     }
     tiny_stat(cls, ST_REFILLS, 1);
     hak_tc.allocs[cls]++;

@@ -18,6 +18,8 @@
 /* Fewest blocks a refill carves when it carves (see tiny_take). */
 #define TINY_CARVE_MIN 4u
 
+/* Refill the (open) thread cache of cls and hand out a block; NULL (errno
+ * ENOMEM) when the tier has no memory. */
 void *tiny_alloc_slow(uint32_t cls);
 void tiny_free_slow(void *p, uint32_t cls);
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn);
@@ -28,11 +30,6 @@ HAK_INLINE void *tiny_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);
     if (hak_likely(p != NULL)) hak_tc.allocs[cls]++;
     return p;
-}
-
-HAK_INLINE void *tiny_alloc(uint32_t cls) {
-    void *p = tiny_alloc_fast(cls);
-    return hak_likely(p != NULL) ? p : tiny_alloc_slow(cls);
 }
 
 /* Free p, a pointer into a SuperSlab; `fn` names the API call. */

@@ -182,24 +182,31 @@ static struct large_stats lstats(void) {
     return s;
 }
 
-static void test_cache_bounds_entries_per_class(void **state) {
+static void test_cache_bounds_entries(void **state) {
     (void)state;
-    /* Six mappings of one size class: four stay cached, the two oldest go. */
-    void *p[6];
-    for (int i = 0; i < 6; i++)
-        p[i] = malloc(3 * MiB);
+    /* 64 entries at most (LARGE_CACHE_N): of 66 freed mappings, the two
+     * least recently freed go (the byte bound holds them all). */
+    hak_cfg.bigcache_bytes = 128 * MiB;
+    void *p[66];
+    for (int i = 0; i < 66; i++)
+        p[i] = malloc(MiB + 4096);
     uint64_t unmaps = os_calls(OS_MUNMAP);
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 66; i++)
         free(p[i]);
     assert_int_equal(os_calls(OS_MUNMAP), unmaps + 2);
-    assert_int_equal(lstats().cached_blocks, 4);
-    /* Another class has its own entries. */
-    void *q = malloc(7 * MiB);
+    assert_int_equal(lstats().cached_blocks, 64);
+    /* The ones evicted were the first two freed: their regions are no one's. */
+    expect_free_abort(do_free, p[0], "invalid pointer");
+    expect_free_abort(do_free, p[1], "invalid pointer");
+    /* A block of that size takes one of the others, no syscall. */
+    uint64_t before = os_total();
+    void *q = malloc(MiB + 4096);
+    bool cached = false;
+    for (int i = 2; i < 66; i++)
+        cached |= q == p[i];
+    assert_true(cached);
+    assert_int_equal(os_total(), before);
     free(q);
-    assert_int_equal(lstats().cached_blocks, 5);
-    /* The newest come back first. */
-    assert_ptr_equal(malloc(3 * MiB), p[5]);
-    free(p[5]);
 }
 
 static void sleep_ms(long ms) {
@@ -210,25 +217,33 @@ static void sleep_ms(long ms) {
 static void test_unused_entries_decommitted_then_unmapped(void **state) {
     (void)state;
     hak_cfg.bigcache_age_ms = 50;
+    /* Freed later to make the tier look at the ages (a malloc would take
+     * the cached entry instead). */
+    uint8_t *tick1 = malloc(9 * MiB), *tick2 = malloc(20 * MiB);
     uint8_t *p = malloc(3 * MiB);
     memset(p, 0xee, 3 * MiB);
     free(p);
     assert_true(maps_resident(p + MiB));
     uint64_t dec = lstats().cache_decommits;
-    sleep_ms(80);          /* past the age, not yet twice it */
-    free(malloc(9 * MiB)); /* any Large call looks at the ages */
+    sleep_ms(80); /* past the age, not yet twice it */
+    free(tick1);
     assert_int_equal(lstats().cache_decommits, dec + 1);
     assert_false(maps_resident(p + MiB));
-    /* Still cached, and its pages read as zero: calloc needs no memset. */
+    /* Still cached, its pages reading as zero: calloc needs no memset. (An
+     * entry with pages is preferred: the 9 MiB one is taken out of the way
+     * first.) */
+    uint8_t *t = malloc(9 * MiB);
+    assert_ptr_equal(t, tick1);
     uint8_t *q = calloc(1, 3 * MiB);
     assert_ptr_equal(q, p);
     for (size_t k = 0; k < 3 * MiB; k += 4096)
         assert_int_equal(q[k], 0);
     memset(q, 0x11, 3 * MiB);
     free(q);
+    free(t);
     sleep_ms(140); /* past twice the age: both entries unmapped */
     uint64_t unmaps = os_calls(OS_MUNMAP);
-    free(malloc(20 * MiB));
+    free(tick2);
     assert_true(os_calls(OS_MUNMAP) >= unmaps + 2);
     assert_int_equal(lstats().cached_blocks, 1); /* the 20 MiB one just freed */
 }
@@ -268,45 +283,78 @@ static void test_hugepages_option(void **state) {
     assert_true(smaps_flag(p, "hg"));
     memset(p, 1, 8 * MiB);
     free(p);
+    malloc_trim(0);
+    /* Rounded up to whole 2 MiB regions when that adds at most a quarter. */
+    p = malloc(5 * MiB + 4096);
+    assert_int_equal(malloc_usable_size(p), 6 * MiB - 64);
+    free(p);
+    malloc_trim(0);
+    p = malloc(2 * MiB + 4096); /* to 4 MiB would nearly double it */
+    assert_true(malloc_usable_size(p) < 2 * MiB + 8192);
+    free(p);
 }
 
-static void test_bigger_entry_cut_down_keeps_its_pages(void **state) {
+static void test_bigger_entry_split_keeps_its_pages(void **state) {
     (void)state;
-    /* A grown buffer freed (7 MiB, its first 2 MiB written), then a 2 MiB
-     * block wanted: the cached mapping is cut down rather than a fresh one
-     * mapped, and its front is still resident (no page faults to refill). */
+    /* A 7 MiB buffer freed (written whole), then a 2 MiB block wanted: the
+     * cached mapping is split at the first region boundary past the request,
+     * without a syscall, and both parts keep their pages (no page faults to
+     * refill them). */
     uint8_t *p = malloc(7 * MiB);
-    memset(p, 0x77, 2 * MiB);
+    memset(p, 0x77, 7 * MiB);
     free(p);
-    uint64_t mm = os_calls(OS_MMAP), rm = os_calls(OS_MREMAP);
+    uint64_t before = os_total();
     uint8_t *q = malloc(2 * MiB - 4096);
     assert_ptr_equal(q, p);
-    assert_int_equal(os_calls(OS_MMAP), mm);
-    assert_int_equal(os_calls(OS_MREMAP), rm + 1);
+    assert_int_equal(os_total(), before);
     assert_true(maps_resident(q + MiB));
     assert_true(malloc_usable_size(q) < 3 * MiB);
-    /* What was cut off is no longer ours. */
+    assert_int_equal(lstats().cached_blocks, 1);
+    /* The rest is a block of its own, not part of q. */
     expect_free_abort(do_free, q + 4 * MiB, "invalid pointer");
+    uint8_t *r = malloc(5 * MiB - 8192); /* the rest, exactly: 2 MiB in */
+    assert_ptr_equal(r, p + 2 * MiB);
+    assert_int_equal(os_total(), before);
+    assert_true(maps_resident(r + 4 * MiB));
+    assert_int_equal(r[4 * MiB], 0x77); /* its old bytes: a plain malloc */
+    memset(r, 0x55, 5 * MiB - 8192);
+    assert_int_equal(q[2 * MiB - 4097], 0x77); /* each its own */
     free(q);
-    /* A mapping more than 4x the request is kept whole for its own size. */
-    uint8_t *big = malloc(40 * MiB);
-    free(big);
-    uint8_t *small = malloc(2 * MiB);
-    assert_ptr_not_equal(small, big);
-    assert_ptr_equal(malloc(40 * MiB), big);
-    free(small);
-    free(big);
-    /* But a block that realloc grows out of the L2.5 tier takes it over:
-     * the freed buffer's mapping, which its growth will want again. */
-    malloc_trim(0);
-    big = malloc(40 * MiB);
-    free(big);
-    uint8_t *grow = malloc(900000);
-    memset(grow, 0x42, 900000);
-    uint8_t *g2 = realloc(grow, 2 * MiB);
-    assert_ptr_equal(g2 - 64, big - 64);
-    assert_int_equal(g2[899999], 0x42);
-    free(g2);
+    free(r);
+    /* Freed neighbours merge again: one entry, which a 7 MiB request takes
+     * whole, without a syscall. */
+    assert_int_equal(lstats().cached_blocks, 1);
+    expect_free_abort(do_free, r, "double free");
+    before = os_total();
+    uint8_t *w = malloc(7 * MiB);
+    assert_ptr_equal(w, p);
+    assert_int_equal(os_total(), before);
+    assert_int_equal(lstats().cached_blocks, 0);
+    free(w);
+}
+
+static void test_smaller_entry_grown_keeps_its_pages(void **state) {
+    (void)state;
+    /* Only a 3 MiB entry cached, 9 MiB wanted: the entry is grown with
+     * mremap (in place or moved), its 3 MiB still resident and zeroed for
+     * calloc, the rest fresh. */
+    uint8_t *p = malloc(3 * MiB);
+    memset(p, 0x33, 3 * MiB);
+    free(p);
+    uint64_t rm = os_calls(OS_MREMAP);
+    uint8_t *q = calloc(1, 9 * MiB);
+    assert_non_null(q);
+    /* mremap in place, or (refused: something mapped right after it) moved */
+    assert_true(os_calls(OS_MREMAP) == rm + 1 || os_calls(OS_MREMAP) == rm + 2);
+    assert_int_equal(lstats().cached_blocks, 0);
+    for (size_t k = 0; k < 9 * MiB; k += 4096)
+        assert_int_equal(q[k], 0);
+    assert_int_equal(q[9 * MiB - 1], 0);
+    memset(q, 0x99, 9 * MiB);
+    assert_true(malloc_usable_size(q) >= 9 * MiB);
+    free(q);
+    assert_int_equal(lstats().cached_blocks, 1);
+    assert_true(lstats().cached_bytes >= 9 * MiB);
 }
 
 static void test_eviction_of_the_whole_cache(void **state) {
@@ -360,6 +408,83 @@ static void test_locked_entries_not_reported_decommitted(void **state) {
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+static void test_realloc_grown_block_grows_in_place(void **state) {
+    (void)state;
+    hak_cfg.hugepages = true; /* a growing block must still get small pages */
+    uint8_t *p = malloc(100);
+    memset(p, 0x5a, 100);
+    /* Past 4 KiB it becomes a Large block with room to its region's end:
+     * from then on every step to 2 MiB stays in place, without a syscall. */
+    p = realloc(p, 5000);
+    assert_int_equal(p[99], 0x5a);
+    assert_true(malloc_usable_size(p) >= 2 * MiB - 4096);
+    assert_false(smaps_flag(p, "hg"));
+    assert_false(maps_resident(p + MiB)); /* room is address space only */
+    uint64_t before = os_total();
+    size_t n = 5000;
+    while (n < 2 * MiB - 4096) {
+        size_t m = n + n / 2 < 2 * MiB - 4096 ? n + n / 2 : 2 * MiB - 4096;
+        uint8_t *q = realloc(p, m);
+        assert_ptr_equal(q, p);
+        memset(p + n, (int)(m & 0xff), m - n);
+        n = m;
+    }
+    assert_int_equal(os_total(), before);
+    assert_int_equal(p[99], 0x5a);
+    assert_int_equal(p[n - 1], (uint8_t)(n & 0xff));
+    /* Shrunk to a small size, it goes back to a size class (copied). */
+    uint8_t *s = realloc(p, 200);
+    assert_non_null(s);
+    assert_int_equal(s[99], 0x5a);
+    assert_true(malloc_usable_size(s) < 4096);
+    free(s);
+    /* Freed, its mapping is cached and serves the next growing block. */
+    before = os_total();
+    p = malloc(3000);
+    p = realloc(p, 6000);
+    assert_int_equal(os_total(), before);
+    free(p);
+}
+
+static void test_realloc_trims_only_when_asked_for_less(void **state) {
+    (void)state;
+    uint8_t *p = malloc(16 * MiB);
+    uint64_t rm = os_calls(OS_MREMAP);
+    p = realloc(p, 17 * MiB);        /* grows */
+    p = realloc(p, 16 * MiB + 4096); /* less than before, but more than half */
+    assert_true(malloc_usable_size(p) >= 16 * MiB + 4096);
+    uint64_t grown = os_calls(OS_MREMAP);
+    assert_true(grown >= rm + 1);
+    p = realloc(p, 4 * MiB); /* less than half: trimmed */
+    assert_int_equal(os_calls(OS_MREMAP), grown + 1);
+    assert_true(malloc_usable_size(p) < 5 * MiB);
+    free(p);
+}
+
+static void test_growing_blocks_bounded(void **state) {
+    (void)state;
+    /* At most 1024 growing blocks live (each a mapping of its own): the
+     * others grow through the size classes, as before. */
+    enum { N = 1030 };
+    static uint8_t *p[N];
+    uint64_t live = lstats().live_blocks;
+    for (int i = 0; i < N; i++) {
+        p[i] = malloc(64);
+        p[i][0] = (uint8_t)i;
+        p[i] = realloc(p[i], 8192);
+        assert_non_null(p[i]);
+        assert_int_equal(p[i][0], (uint8_t)i);
+    }
+    assert_int_equal(lstats().live_blocks, live + 1024);
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    assert_int_equal(lstats().live_blocks, live);
+    /* All freed: a growing block gets its room again. */
+    uint8_t *q = realloc(malloc(64), 8192);
+    assert_int_equal(lstats().live_blocks, live + 1);
+    free(q);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -370,12 +495,16 @@ int main(void) {
         cmocka_unit_test_setup(test_trim_releases_cache_and_mallinfo_counts, reset),
         cmocka_unit_test_setup(test_zero_size_big_alignment_owns_its_byte, reset),
         cmocka_unit_test_setup(test_successful_realloc_leaves_errno, reset),
-        cmocka_unit_test_setup(test_cache_bounds_entries_per_class, reset),
+        cmocka_unit_test_setup(test_cache_bounds_entries, reset),
         cmocka_unit_test_setup(test_unused_entries_decommitted_then_unmapped, reset),
         cmocka_unit_test_setup(test_hugepages_option, reset),
-        cmocka_unit_test_setup(test_bigger_entry_cut_down_keeps_its_pages, reset),
+        cmocka_unit_test_setup(test_bigger_entry_split_keeps_its_pages, reset),
+        cmocka_unit_test_setup(test_smaller_entry_grown_keeps_its_pages, reset),
         cmocka_unit_test_setup(test_eviction_of_the_whole_cache, reset),
         cmocka_unit_test_setup(test_locked_entries_not_reported_decommitted, reset),
+        cmocka_unit_test_setup(test_realloc_grown_block_grows_in_place, reset),
+        cmocka_unit_test_setup(test_realloc_trims_only_when_asked_for_less, reset),
+        cmocka_unit_test_setup(test_growing_blocks_bounded, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "box/rmap.h"
+
 #define KiB ((size_t)1024)
 #define MiB (KiB * 1024)
 
@@ -383,12 +385,57 @@ static void test_frees_after_thread_exit_hook_not_leaked(void **state) {
     if (grown > 128 * 1024) fail_msg("heap grew %lld bytes over %d threads", grown, THREADS);
 }
 
+/* After its exit hook ran, a thread may not cache: its requests of every
+ * small class are decided once, at the front, and served by the L2.5 tier's
+ * bundles one block at a time (Tiny and Pool classes included). */
+static const size_t late_sizes[3] = {16, 20000, 100000};
+static void *late_blocks[3];
+static _Atomic int late_kinds[3];
+
+static void late_destructor(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 3; i++) {
+        uint8_t *p = malloc(late_sizes[i]);
+        if (p == NULL) continue;
+        memset(p, 0x40 + i, late_sizes[i]);
+        atomic_store(&late_kinds[i], (int)rmap_kind_of(rmap_get(p)) + 1);
+        late_blocks[i] = p;
+    }
+    free(malloc(24)); /* and freed there too */
+}
+
+static void *late_thread(void *arg) {
+    pthread_key_t *key = arg;
+    free(malloc(32)); /* arms the exit hook (its key is older: it runs first) */
+    pthread_setspecific(*key, (void *)1);
+    return NULL;
+}
+
+static void test_allocs_after_thread_exit_hook_uncached(void **state) {
+    (void)state;
+    pthread_key_t key;
+    assert_int_equal(pthread_key_create(&key, late_destructor), 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, late_thread, &key), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_non_null(late_blocks[i]);
+        assert_int_equal(atomic_load(&late_kinds[i]), (int)RMAP_L25 + 1);
+        uint8_t *p = late_blocks[i];
+        assert_int_equal(p[0], 0x40 + i);
+        assert_int_equal(p[late_sizes[i] - 1], 0x40 + i);
+        free(p);
+    }
+    pthread_key_delete(key);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cross_thread_handoff),
         cmocka_unit_test(test_thread_churn),
         cmocka_unit_test(test_frees_after_thread_exit_hook_not_leaked),
         cmocka_unit_test(test_remote_free_to_main),
+        cmocka_unit_test(test_allocs_after_thread_exit_hook_uncached),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

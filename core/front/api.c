@@ -35,11 +35,12 @@ static void *front_aligned(size_t align, size_t n) {
         while ((cls >= POOL_FIRST && cls < POOL_END) || (small_class_size[cls] & (align - 1)))
             cls++;
         void *p;
-        if (cls < TINY_NCLASSES)
-            p = tiny_alloc(cls);
-        else /* Coloured L2.5 blocks (one stride of size + 64 apart, sizes
-              * multiples of 4 KiB) are 64-byte aligned; for more, uncoloured ones. */
-            p = align <= 64 ? l25_alloc(cls) : l25_alloc_aligned(cls);
+        /* Coloured L2.5 blocks (one stride of size + 64 apart, sizes
+         * multiples of 4 KiB) are 64-byte aligned; for more, uncoloured ones. */
+        if (cls < TINY_NCLASSES || align <= 64)
+            p = front_alloc_class(cls);
+        else
+            p = l25_alloc_aligned(cls);
         if (hak_likely(p != NULL)) return p;
     }
     return large_alloc(n, align, false); /* also the last resort (front_malloc_slow) */
@@ -83,27 +84,34 @@ static void *front_move(void *p, size_t keep, size_t n) {
     return q;
 }
 
+/* A block realloc grows to this size or more becomes a Large block with
+ * room to grow in place (large_alloc_growing): each later step up to 2 MiB
+ * is then free, where the size classes would copy it at every step. Below
+ * it, copies are cheaper than the mapping. */
+#define FRONT_GROW_MIN 4096
+
 /* realloc of a valid block of class cls. */
 static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
     size_t have = small_class_size[cls];
     /* Stay put unless growing, or shrinking by more than a power of two. */
     if (n <= have && small_class_of(n) + 4 > cls) return p;
-    if (n > have && n > POOL_MAX) {
-        /* A block growing past the Pool tier is likely to grow on (a buffer,
-         * a vector): room for as much again saves copies (a buffer grown by
-         * 1.5x copies every other step), and the slack's pages are touched
-         * only if used. Past the L2.5 tier it becomes a Large block, which
-         * may take over a bigger cached mapping to grow into. */
-        int saved = errno; /* a refusal here is no failure of realloc */
-        void *q = n > HAK_SMALL_MAX
-                      ? large_alloc_growing(n)
-                      : front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
+    if (n > have && n >= FRONT_GROW_MIN) {
+        /* Growing: likely to grow on. Failing room of its own, past the
+         * Pool tier, room for as much again saves half the copies; the
+         * slack's pages are touched only if used. */
+        void *q = large_alloc_growing(n);
+        if (q == NULL && n > POOL_MAX) {
+            int saved = errno; /* a refusal here is no failure of realloc */
+            q = n > HAK_SMALL_MAX
+                    ? large_alloc(n, HAK_MIN_ALIGN, false)
+                    : front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
+            if (q == NULL) errno = saved;
+        }
         if (q) {
             memcpy(q, p, have);
             front_free(p, "realloc");
             return q;
         }
-        errno = saved;
     }
     return front_move(p, have, n);
 }
@@ -125,8 +133,9 @@ static void *front_realloc(void *p, size_t n) {
     case RMAP_L25:
         return front_realloc_class(p, l25_class_of(p, e, "realloc"), n);
     case RMAP_LARGE: {
-        void *q = n > HAK_SMALL_MAX ? large_realloc(p, e, n) : NULL;
-        /* Pages not moved (mremap refused): bytes copied, as any block's. */
+        void *q = large_realloc(p, e, n);
+        /* A small size, or pages not moved (mremap refused): bytes copied,
+         * as any block's. */
         return q ? q : front_move(p, large_usable_size(p, e, "realloc"), n);
     }
     default:
@@ -221,18 +230,20 @@ static __attribute__((cold, noinline)) bool front_retry(void) {
         }                                                                                          \
     } while (0)
 
-/* A small block (class cls) its tier could not serve: the last resort is a
- * mapping of the block's own, which may still fit (an address-space limit
- * nearly reached: the tiers' chunks, bundles and SuperSlabs come in
- * megabytes), then, after every cache gave its memory back, both again. */
+/* A small block (class cls) its tier could not serve: after every cache gave
+ * its memory back (when the OS refused something: an address-space limit
+ * nearly reached), the tier again; the last resort is a mapping of the
+ * block's own, which may still fit where the tiers' chunks, bundles and
+ * SuperSlabs (megabytes) do not. (Not the other way round: the last resort
+ * would cut cached Large mappings into a region per small block.) */
 static __attribute__((cold, noinline)) void *front_small_failed(uint32_t cls) {
     size_t n = small_class_size[cls];
-    void *p = large_alloc(n, HAK_MIN_ALIGN, false);
-    if (p == NULL && front_retry()) {
-        p = front_malloc(n); /* the tier, then its last resort again (no retry) */
+    if (front_retry()) {
+        void *p = front_malloc(n); /* failing, the last resort: this without the retry */
         front_retrying = false;
+        return p;
     }
-    return p;
+    return large_alloc(n, HAK_MIN_ALIGN, false);
 }
 
 static __attribute__((noinline)) void *front_large_miss(size_t n) {
@@ -274,14 +285,25 @@ static __attribute__((noinline)) void front_purge(void) {
     l25_age();
 }
 
+static inline void *front_class_slow(uint32_t cls) {
+    /* A thread that may not cache (its exit has begun) has no cache and no
+     * heap: the L2.5 tier's bundles serve it, one block at a time. */
+    if (hak_unlikely(!hak_tc.open) && !tc_thread_start()) return l25_alloc_uncached(cls);
+    if (cls >= POOL_END) return l25_alloc_slow(cls);
+    void *p = cls < TINY_NCLASSES ? tiny_alloc_slow(cls) : pool_alloc_slow(cls);
+    /* Its tier had no memory (a full SuperSlab range, a refused chunk): the
+     * L2.5 tier has bundles of every class, in mappings of their own. */
+    return hak_likely(p != NULL) ? p : l25_alloc_uncached(cls);
+}
+
+HAK_HIDDEN void *front_class_miss(uint32_t cls) {
+    return front_class_slow(cls);
+}
+
 HAK_HIDDEN void *front_malloc_miss(size_t n, uint32_t cls) {
     if (hak_unlikely(front_purge_tick-- == 0)) front_purge();
     if (cls >= SMALL_NCLASSES) return front_large_miss(n);
-    void *p;
-    if (cls < TINY_NCLASSES)
-        p = tiny_alloc_slow(cls);
-    else
-        p = cls < POOL_END ? pool_alloc_slow(cls) : l25_alloc_slow(cls);
+    void *p = front_class_slow(cls); /* (inlined: Pool blocks come this way often) */
     return hak_likely(p != NULL) ? p : front_small_failed(cls);
 }
 

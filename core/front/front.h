@@ -18,6 +18,11 @@
  * (api.c). Out of line, so the fast path below keeps its arguments in
  * their registers and tail-jumps here. */
 void *front_malloc_miss(size_t n, uint32_t cls);
+/* A block of small class cls the thread cache had none of: the class's tier
+ * (NULL, errno ENOMEM, when even the L2.5 tier has no memory). Every small
+ * request goes through here when it misses, so the case of a thread that
+ * may not cache is decided here, once (api.c). */
+void *front_class_miss(uint32_t cls);
 
 HAK_INLINE void *front_malloc(size_t n) {
     void *p = NULL;
@@ -40,8 +45,10 @@ HAK_INLINE void *front_malloc(size_t n) {
 
 /* A block of class cls from whichever tier serves that class. */
 HAK_INLINE void *front_alloc_class(uint32_t cls) {
-    if (cls < TINY_NCLASSES) return tiny_alloc(cls);
-    return cls < POOL_END ? pool_alloc(cls) : l25_alloc(cls);
+    void *p = cls < TINY_NCLASSES ? tiny_alloc_fast(cls)
+              : cls < POOL_END    ? pool_alloc_fast(cls)
+                                  : l25_alloc_fast(cls);
+    return hak_likely(p != NULL) ? p : front_class_miss(cls);
 }
 
 /* Free p; `fn` names the API call in error messages. NULL is a no-op, and

@@ -1,0 +1,109 @@
+/* bench_large_churn — a set of big buffers, a random one replaced at a time.
+ *
+ * usage: bench_large_churn [iters [live [seed]]]          (defaults 400 20 42)
+ * env:   HAKMEM_BENCH_MIN_SIZE (default 1048576 = 1 MiB)
+ *        HAKMEM_BENCH_MAX_SIZE (default 33554432 = 32 MiB)
+ *        HAKMEM_BENCH_INIT=zero|write (default zero): each new buffer is
+ *          calloc'ed (a zeroed image or frame, C++'s `new char[n]()`) or
+ *          malloc'ed; either way the program then writes it whole
+ *
+ * `live` slots start filled; each of the `iters` steps frees the buffer of a
+ * random slot and puts a new one of a random size (uniform in [MIN, MAX]) in
+ * its place. Before a buffer is freed, its first and last bytes and one byte
+ * per page are checked against the tag it was given (so the contents survive
+ * whatever the allocator does with the other slots); in zero mode the new
+ * buffer's last byte and a byte per page must read as zero.
+ * The page faults this takes (getrusage) are the cost an allocator saves by
+ * reusing freed memory that still has its pages.
+ *
+ * One op is one replacement (free + allocation + initialisation).
+ *
+ * Output (stdout): a parameter line, then bench/run.sh's Throughput, Peak RSS
+ * and Page faults lines. */
+#include "bench_util.h"
+
+#define BENCH_STRIDE 4096 /* one checked byte per this many: a page */
+
+static const char *prog = "bench_large_churn";
+
+static void check(const unsigned char *p, uint64_t n, unsigned char tag) {
+    for (uint64_t i = 0; i < n; i += BENCH_STRIDE)
+        if (p[i] != tag) goto bad;
+    if (p[n - 1] == tag) return;
+bad:
+    fprintf(stderr, "%s: block %p (size %" PRIu64 ") corrupted\n", prog, (const void *)p, n);
+    exit(1);
+}
+
+static unsigned char *make(uint64_t n, bool zero, unsigned char tag) {
+    unsigned char *p = zero ? calloc(1, n) : malloc(n);
+    if (p == NULL) {
+        fprintf(stderr, "%s: allocation of %" PRIu64 " bytes failed\n", prog, n);
+        exit(1);
+    }
+    if (zero) check(p, n, 0);
+    memset(p, tag, n); /* the program puts its data in */
+    return p;
+}
+
+int main(int argc, char **argv) {
+    uint64_t iters = 400, live = 20, seed = 42, min_size, max_size;
+    if (argc > 4) {
+        fprintf(stderr, "usage: %s [iters [live [seed]]]\n", prog);
+        return 2;
+    }
+    if (argc > 1 && bench_parse_u64(prog, argv[1], "iters", 1, UINT64_MAX, &iters)) return 2;
+    if (argc > 2 && bench_parse_u64(prog, argv[2], "live", 1, 4096, &live)) return 2;
+    if (argc > 3 && bench_parse_u64(prog, argv[3], "seed", 0, UINT64_MAX, &seed)) return 2;
+    if (bench_env_u64(prog, "HAKMEM_BENCH_MIN_SIZE", (uint64_t)1 << 20, 1, (uint64_t)1 << 40,
+                      &min_size) ||
+        bench_env_u64(prog, "HAKMEM_BENCH_MAX_SIZE", (uint64_t)32 << 20, 1, (uint64_t)1 << 40,
+                      &max_size))
+        return 2;
+    if (max_size < min_size) {
+        fprintf(stderr, "%s: HAKMEM_BENCH_MAX_SIZE < HAKMEM_BENCH_MIN_SIZE\n", prog);
+        return 2;
+    }
+    const char *init = getenv("HAKMEM_BENCH_INIT");
+    if (init == NULL || init[0] == '\0') init = "zero";
+    bool zero = strcmp(init, "zero") == 0;
+    if (!zero && strcmp(init, "write") != 0) {
+        fprintf(stderr, "%s: HAKMEM_BENCH_INIT must be zero or write (got '%s')\n", prog, init);
+        return 2;
+    }
+    printf("large_churn: iters=%" PRIu64 " live=%" PRIu64 " seed=%" PRIu64 " min_size=%" PRIu64
+           " max_size=%" PRIu64 " init=%s\n",
+           iters, live, seed, min_size, max_size, init);
+    fflush(stdout);
+
+    unsigned char **buf = calloc(live, sizeof *buf);
+    uint64_t *len = calloc(live, sizeof *len);
+    unsigned char *tag = calloc(live, 1);
+    if (buf == NULL || len == NULL || tag == NULL) return 1;
+    uint64_t rng = seed, check_sum = 0, span = max_size - min_size + 1;
+
+    double t0 = bench_now();
+    for (uint64_t s = 0; s < live; s++) {
+        len[s] = min_size + bench_rng_next(&rng) % span;
+        tag[s] = (unsigned char)(s * 37 + 1);
+        buf[s] = make(len[s], zero, tag[s]);
+    }
+    for (uint64_t i = 0; i < iters; i++) {
+        uint64_t r = bench_rng_next(&rng);
+        uint64_t s = r % live;
+        check(buf[s], len[s], tag[s]);
+        free(buf[s]);
+        len[s] = min_size + (r >> 20) % span;
+        tag[s] = (unsigned char)(tag[s] == 255 ? 1 : tag[s] + 1); /* never 0: zero must differ */
+        buf[s] = make(len[s], zero, tag[s]);
+        check_sum += len[s] ^ tag[s];
+    }
+    for (uint64_t s = 0; s < live; s++) {
+        check(buf[s], len[s], tag[s]);
+        free(buf[s]);
+    }
+    double elapsed = bench_now() - t0;
+
+    bench_report(iters, elapsed, check_sum);
+    return 0;
+}
