@@ -8,8 +8,9 @@
 #        HAKMEM_SO=path           hakmem library (default out/release/libhakmem.so)
 #
 # Programs (each given a fresh copy of its input every run):
-#   git_gc      `git gc --aggressive` on a clone of this repository (git's
-#               delta search churns mid-size buffers)
+#   git_gc      `git gc --aggressive` on a clone of this repository with 18 MB
+#               of headers and sources added in four revisions (git's delta
+#               search churns mid-size buffers)
 #   gcc         `gcc -O2 -g -c` of three files of core/ in turn (cc1)
 #   python      CPython building, serialising and parsing a JSON document of
 #               200,000 records, and growing lists and strings
@@ -56,7 +57,24 @@ done
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
+# A repository for git gc: this one's history and, to give the delta search
+# something to chew on, 18 MB of C headers and Python sources in four
+# revisions (a quarter of the files changed in each).
 git clone -q --no-local "$ROOT" "$OUT/repo.src"
+(
+    cd "$OUT/repo.src"
+    mkdir -p data
+    cp -r /usr/include/linux /usr/include/x86_64-linux-gnu data/ 2>/dev/null || true
+    cp /usr/lib/python3*/*.py data/ 2>/dev/null || true
+    git add -A data
+    git -c user.name=bench -c user.email=bench@localhost commit -qm r0
+    for r in 1 2 3; do
+        find data -name '*.py' -o -name '*.h' | sort | awk -v r=$r 'NR % 4 == r % 4' |
+            xargs sed -i "1a /* rev $r */"
+        git add -A data
+        git -c user.name=bench -c user.email=bench@localhost commit -qm "r$r"
+    done
+)
 cat >"$OUT/work.py" <<'EOF'
 import json
 recs = [{"id": i, "name": "item%d" % i, "tags": ["t%d" % (i % 7)] * (i % 5),
