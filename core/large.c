@@ -27,9 +27,17 @@ struct large_hdr {
     size_t map_size; /* bytes mapped from the header on */
     size_t offset;   /* user - header */
     size_t req;      /* the size last asked for */
+    uint64_t map;    /* the kernel mapping it is (part of): see large_entry */
     bool thp;        /* the mapping asked for huge pages */
     bool growing;    /* from large_alloc_growing: counted in large_growing_live */
 };
+
+/* Kernel mappings made so far: each gets the next number. */
+static _Atomic uint64_t large_maps;
+
+static inline uint64_t large_map_id(void) {
+    return atomic_fetch_add_explicit(&large_maps, 1, memory_order_relaxed) + 1;
+}
 
 /* Blocks from large_alloc_growing live now, at most LARGE_GROWING_MAX: each
  * is a mapping of its own (the kernel limits their number) of 2 MiB of
@@ -53,6 +61,9 @@ struct large_entry {
     size_t size;
     uint64_t freed_ms; /* when it was freed; 0: to be unmapped */
     uint64_t seq;      /* order of the frees (many share a millisecond) */
+    /* The kernel mapping (large_map, or a move) it is part of: only parts
+     * of one merge again, since mremap refuses a range over two. */
+    uint64_t map;
     bool decommitted;
     bool thp; /* the mapping asked for huge pages */
 };
@@ -100,6 +111,7 @@ static struct large_hdr *large_map(size_t size, size_t map_align, bool thp) {
         return NULL;
     }
     if (thp) os_hugepages(h, size);
+    h->map = large_map_id();
     return h;
 }
 
@@ -188,16 +200,16 @@ static void large_cache_retire(const struct large_entry *out, uint32_t n) {
 }
 
 /* Merge into *e the cached entries right before and after it in address
- * space with pages in the same state (decommitted or not, huge or not), so that freed
- * neighbours serve a request as big as both. (A range may then span two
- * kernel mappings, which mremap refuses: its growth then maps afresh, and a
- * block cut from it is copied when realloc cannot move it.) Lock held. */
+ * space that are parts of the same kernel mapping with pages in the same
+ * state (decommitted or not, huge or not): the parts a split made come
+ * together again. Lock held. */
 static void large_cache_merge(struct large_cache *lc, struct large_entry *e) {
     for (uint32_t i = 0; i < lc->n;) {
         struct large_entry *c = &lc->e[i];
         bool before = (uint8_t *)c->h + c->size == (uint8_t *)e->h;
         bool after = (uint8_t *)e->h + e->size == (uint8_t *)c->h;
-        if (c->decommitted != e->decommitted || c->thp != e->thp || (!before && !after)) {
+        if (c->map != e->map || c->decommitted != e->decommitted || c->thp != e->thp ||
+            (!before && !after)) {
             i++;
             continue;
         }
@@ -231,6 +243,18 @@ static void large_cache_add(struct large_entry e) {
     nold += large_cache_expire(lc, hak_now_ms(), old + nold);
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold); /* syscalls outside the lock */
+}
+
+/* What a split leaves of entry e from offset `keep` (a region multiple) on:
+ * cached as an entry of its own, its regions pointing to its own header
+ * (the part before may be moved or unmapped while it waits: a stale
+ * pointer into it must still find a mapped header). */
+static void large_cache_add_rest(struct large_entry e, size_t keep) {
+    struct large_hdr *rest = (struct large_hdr *)((uint8_t *)e.h + keep);
+    rmap_mark_span(rest, e.size - keep, RMAP_LARGE); /* cannot fail: the leaves exist */
+    e.h = rest;
+    e.size -= keep;
+    large_cache_add(e);
 }
 
 /* The cached entry to serve `need` bytes at `map_align`: the smallest one
@@ -296,6 +320,7 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
                 return NULL;
             }
             h = dst;
+            got.map = large_map_id(); /* a kernel mapping of its own now */
         }
         errno = saved;
         got.size = need;
@@ -304,12 +329,7 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
          * all, as a mapping of its own. */
         size_t keep = hak_align_up(need, HAK_REGION_SIZE);
         if (got.size > keep && got.size - keep >= HAK_REGION_SIZE) {
-            large_cache_add((struct large_entry){.h = (struct large_hdr *)((uint8_t *)h + keep),
-                                                 .size = got.size - keep,
-                                                 .freed_ms = got.freed_ms,
-                                                 .seq = got.seq,
-                                                 .decommitted = got.decommitted,
-                                                 .thp = got.thp});
+            large_cache_add_rest(got, keep);
             got.size = keep;
         }
     }
@@ -320,21 +340,23 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
         return NULL;
     }
     h->map_size = got.size;
+    h->map = got.map;
     h->thp = got.thp;
     return h;
 }
 
 /* The cached mapping that starts at `at`, out of the cache if it has at
- * least `min` bytes and the same huge-page setting as `thp` (else the two
- * would be kernel mappings of their own, which mremap refuses as one);
- * size 0 when there is none. */
-static struct large_entry large_cache_claim(const void *at, size_t min, bool thp) {
+ * least `min` bytes and is part of kernel mapping `map` with the same
+ * huge-page setting as `thp` (else the two would be kernel mappings of their
+ * own, which mremap refuses as one); size 0 when there is none. */
+static struct large_entry large_cache_claim(const void *at, size_t min, uint64_t map, bool thp) {
     struct large_cache *lc = &large_cache;
     struct large_entry got = {0};
     hak_lock(&lc->lock);
     for (uint32_t i = 0; i < lc->n; i++) {
         if (lc->e[i].h != at) continue;
-        if (lc->e[i].size >= min && lc->e[i].thp == thp) got = large_cache_remove(lc, i);
+        if (lc->e[i].size >= min && lc->e[i].map == map && lc->e[i].thp == thp)
+            got = large_cache_remove(lc, i);
         break;
     }
     hak_unlock(&lc->lock);
@@ -343,8 +365,8 @@ static struct large_entry large_cache_claim(const void *at, size_t min, bool thp
 
 /* Keep h for reuse. */
 static void large_cache_put(struct large_hdr *h) {
-    large_cache_add(
-        (struct large_entry){.h = h, .size = h->map_size, .freed_ms = hak_now_ms(), .thp = h->thp});
+    large_cache_add((struct large_entry){
+        .h = h, .size = h->map_size, .freed_ms = hak_now_ms(), .map = h->map, .thp = h->thp});
 }
 
 static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
@@ -376,6 +398,10 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
     struct large_hdr *h = large_cache_take(need, map_align, growing, &clean);
     if (h) {
         large_add(&large_n_hits, 1);
+        /* A small-pages mapping asks for huge pages now (not under an
+         * address-space limit: there this made CPython's second fill in
+         * tests/oom get 21% less, a cause not yet understood). */
+        if (thp && !h->thp && os_as_limit() == SIZE_MAX) h->thp = os_hugepages(h, h->map_size);
     } else {
         if ((h = large_map(need, map_align, thp)) == NULL) return NULL;
         h->map_size = need;
@@ -454,6 +480,7 @@ static void *large_move(struct large_hdr *h, size_t need) {
     }
     dst->map_size = need;
     dst->user = (uint8_t *)dst + off;
+    dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
     large_add(&large_n_moved, 1);
     large_add(&large_live_bytes, (int64_t)need - (int64_t)old);
     return dst->user;
@@ -465,16 +492,13 @@ static void *large_move(struct large_hdr *h, size_t need) {
  * stays cached, from the next region boundary on. */
 static bool large_grow_into_cached(struct large_hdr *h, size_t old, size_t need) {
     uint8_t *end = (uint8_t *)h + old;
-    struct large_entry got = large_cache_claim(end, need - old, h->thp);
+    struct large_entry got = large_cache_claim(end, need - old, h->map, h->thp);
     if (got.size == 0) return false;
     size_t size = old + got.size, keep = hak_align_up(need, HAK_REGION_SIZE);
     if (size > keep && size - keep >= HAK_REGION_SIZE) {
-        large_cache_add((struct large_entry){.h = (struct large_hdr *)((uint8_t *)h + keep),
-                                             .size = size - keep,
-                                             .freed_ms = got.freed_ms,
-                                             .seq = got.seq,
-                                             .decommitted = got.decommitted,
-                                             .thp = got.thp});
+        got.h = h;
+        got.size = size;
+        large_cache_add_rest(got, keep);
         size = keep;
     }
     /* Its regions pointed to its own header: now to h's. Cannot fail (the

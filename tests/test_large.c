@@ -485,6 +485,80 @@ static void test_growing_blocks_bounded(void **state) {
     free(q);
 }
 
+static void stale_into_rest(void *p) {
+    /* p's block was split off a cached mapping whose front was then moved
+     * away by realloc: its regions must not point to the unmapped header. */
+    uint8_t *q = malloc(3 * MiB);
+    uint8_t *r = realloc(q, 100 * MiB);
+    if (r == q) abort(); /* not moved: no test (the rest is right after it) */
+    do_free(p);
+}
+
+static void test_split_rest_of_a_moved_block_still_checked(void **state) {
+    (void)state;
+    /* Review find: a free() of a stale pointer into the cached rest of a
+     * split mapping, after the split-off front moved, read an unmapped
+     * header (SIGSEGV) instead of aborting with the one-line message. */
+    uint8_t *p = malloc(10 * MiB - 4096);
+    free(p); /* cached whole */
+    expect_free_abort(stale_into_rest, p + 6 * MiB, "invalid pointer");
+    /* The same for a real double free of a block that lived in the rest. */
+    uint8_t *a = malloc(3 * MiB), *b = malloc(5 * MiB);
+    assert_ptr_equal(a, p);
+    assert_ptr_equal(b, p + 4 * MiB);
+    free(b);
+    free(a);               /* merged again */
+    free(malloc(9 * MiB)); /* taken whole, its regions all marked for p's header */
+    expect_free_abort(stale_into_rest, b, "double free");
+}
+
+static void test_realloc_copy_keeps_errno(void **state) {
+    (void)state;
+    /* Review find: a realloc that could not move the pages (mremap refused)
+     * and copied the bytes instead succeeded with errno set to ENOMEM. */
+    uint8_t *p = malloc(3 * MiB);
+    uint8_t *z = malloc(3 * MiB); /* keeps p from growing where it is */
+    memset(p, 0x3c, 3 * MiB);
+    os_fault_only(1u << OS_SITE_RESIZE | 1u << OS_SITE_MOVE);
+    os_fault_arm(0, UINT64_MAX);
+    errno = 0;
+    uint8_t *q = realloc(p, 40 * MiB);
+    int e = errno;
+    os_fault_disarm();
+    os_fault_only(UINT32_MAX);
+    assert_non_null(q);
+    assert_int_equal(e, 0);
+    assert_int_equal(q[3 * MiB - 1], 0x3c);
+    free(q);
+    free(z);
+}
+
+static void test_parts_of_two_mappings_do_not_merge(void **state) {
+    (void)state;
+    /* Review find: freed neighbours from two kernel mappings merged into one
+     * entry, which mremap then refused (EFAULT): copies, errno, and a refused
+     * call that trimmed every cache. Only parts of one mapping merge. */
+    uint8_t *q = malloc(3 * MiB), *z = malloc(3 * MiB), *w = malloc(4 * MiB - 4096);
+    q = realloc(q, 8 * MiB - 4096); /* moved: a mapping of its own, maybe next to w */
+    free(w);
+    free(q);
+    assert_int_equal(lstats().cached_blocks, 2);
+    free(z);
+}
+
+static void test_small_pages_entry_gets_huge_pages(void **state) {
+    (void)state;
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0) skip();
+    /* Review find: a Large block grown from a cached growing block's mapping
+     * (small pages) kept small pages. */
+    hak_cfg.hugepages = true;
+    uint8_t *g = realloc(malloc(100), 5000);
+    free(g);
+    uint8_t *p = malloc(64 * MiB);
+    assert_true(smaps_flag(p, "hg"));
+    free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -505,6 +579,10 @@ int main(void) {
         cmocka_unit_test_setup(test_realloc_grown_block_grows_in_place, reset),
         cmocka_unit_test_setup(test_realloc_trims_only_when_asked_for_less, reset),
         cmocka_unit_test_setup(test_growing_blocks_bounded, reset),
+        cmocka_unit_test_setup(test_split_rest_of_a_moved_block_still_checked, reset),
+        cmocka_unit_test_setup(test_realloc_copy_keeps_errno, reset),
+        cmocka_unit_test_setup(test_parts_of_two_mappings_do_not_merge, reset),
+        cmocka_unit_test_setup(test_small_pages_entry_gets_huge_pages, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

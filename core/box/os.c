@@ -356,7 +356,11 @@ bool os_resize(void *p, size_t old_size, size_t new_size) {
 
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst) {
     os_count(OS_MREMAP);
-    return os_granted(!os_fault(OS_SITE_MOVE) &&
-                      mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) !=
-                          MAP_FAILED);
+    if (!os_fault(OS_SITE_MOVE) &&
+        mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) != MAP_FAILED)
+        return true;
+    /* Only a want of memory is a refusal that giving caches back may cure
+     * (EFAULT: the range is not one mapping). */
+    if (errno == ENOMEM) os_granted(false);
+    return false;
 }
