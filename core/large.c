@@ -513,10 +513,7 @@ static bool large_grow_into_cached(struct large_hdr *h, size_t old, size_t need)
 void *large_realloc(void *p, uint32_t entry, size_t n) {
     struct large_hdr *h = large_header(p, entry, "realloc");
     size_t off = h->offset, old = h->map_size;
-    if (n > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
-        errno = ENOMEM;
-        return NULL;
-    }
+    if (n > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */
     size_t need = hak_align_up(off + n, HAK_PAGE_SIZE);
     /* Fits: trimmed only when asked for less than before, by half or more
      * (a block growing into its room stays as it is). */
@@ -543,12 +540,13 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
     } else if (os_resize(h, old, need)) {
         if (!rmap_mark_span(h, need, RMAP_LARGE)) {
             os_resize(h, need, old); /* cannot register the growth: undo it */
-            errno = ENOMEM;
+            errno = saved;
             return NULL;
         }
     } else {
-        errno = saved; /* the move's own calls leave errno alone unless they fail */
-        return large_move(h, need);
+        void *q = large_move(h, need);
+        errno = saved;
+        return q;
     }
     h->map_size = need;
     large_add(&large_n_inplace, 1);

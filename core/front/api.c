@@ -133,13 +133,10 @@ static void *front_realloc(void *p, size_t n) {
     case RMAP_L25:
         return front_realloc_class(p, l25_class_of(p, e, "realloc"), n);
     case RMAP_LARGE: {
-        int saved = errno; /* a failed move that a copy makes good is no failure */
         void *q = large_realloc(p, e, n);
-        if (q) return q;
-        errno = saved;
         /* A small size, or pages not moved (mremap refused): bytes copied,
          * as any block's. */
-        return front_move(p, large_usable_size(p, e, "realloc"), n);
+        return q ? q : front_move(p, large_usable_size(p, e, "realloc"), n);
     }
     default:
         diag_bad_pointer("realloc", "invalid pointer", p);
