@@ -461,11 +461,17 @@ void large_free(void *p, uint32_t entry, const char *fn) {
 
 size_t large_usable_size(const void *p, uint32_t entry, const char *fn) {
     struct large_hdr *h = large_header(p, entry, fn);
-    return h->map_size - h->offset;
+    /* What the program asked for, to whole pages; not the room the mapping
+     * may have beyond it (a growing block's region, a cached mapping's
+     * slack, huge-page rounding): programs that count their memory by it
+     * (redis's used_memory, and its maxmemory evictions) would count that
+     * room as used. */
+    return hak_align_up(h->offset + (h->req ? h->req : 1), HAK_PAGE_SIZE) - h->offset;
 }
 
-/* Move block h's pages into a fresh aligned mapping of `need` bytes. */
-static void *large_move(struct large_hdr *h, size_t need) {
+/* Move block h's pages into a fresh aligned mapping of `need` bytes, for a
+ * request of n. */
+static void *large_move(struct large_hdr *h, size_t need, size_t n) {
     size_t off = h->offset, old = h->map_size;
     /* (The move keeps the mapping's own huge-page setting.) */
     struct large_hdr *dst = large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0), false);
@@ -479,6 +485,7 @@ static void *large_move(struct large_hdr *h, size_t need) {
         return NULL;
     }
     dst->map_size = need;
+    dst->req = n;
     dst->user = (uint8_t *)dst + off;
     dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
     large_add(&large_n_moved, 1);
@@ -517,9 +524,12 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
     size_t need = hak_align_up(off + n, HAK_PAGE_SIZE);
     /* Fits: trimmed only when asked for less than before, by half or more
      * (a block growing into its room stays as it is). */
-    bool shrinking = n < h->req;
-    h->req = n;
-    if (need <= old && (!shrinking || need >= old / 2)) return p;
+    if (need <= old && (n >= h->req || need >= old / 2)) {
+        h->req = n;
+        return p;
+    }
+    /* (h->req changes only with success: it is the usable size the caller
+     * copies by when this fails.) */
     if (n <= HAK_SMALL_MAX) return NULL; /* a small block now: copied into its class */
     int saved = errno;                   /* a failed in-place attempt must not show in errno */
 
@@ -533,9 +543,11 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
         if (!os_resize(h, old, need)) {
             rmap_mark_span(h, old, RMAP_LARGE);
             errno = saved;
+            h->req = n;
             return p; /* keep the bigger mapping */
         }
     } else if (large_grow_into_cached(h, old, need)) {
+        h->req = n;
         return p; /* the rest of its own mapping, split off earlier and cached */
     } else if (os_resize(h, old, need)) {
         if (!rmap_mark_span(h, need, RMAP_LARGE)) {
@@ -544,11 +556,12 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
             return NULL;
         }
     } else {
-        void *q = large_move(h, need);
+        void *q = large_move(h, need, n);
         errno = saved;
         return q;
     }
     h->map_size = need;
+    h->req = n;
     large_add(&large_n_inplace, 1);
     large_add(&large_live_bytes, (int64_t)need - (int64_t)old);
     errno = saved;
