@@ -403,6 +403,9 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
          * tests/oom get 21% less, a cause not yet understood). */
         if (thp && !h->thp && os_as_limit() == SIZE_MAX) h->thp = os_hugepages(h, h->map_size);
     } else {
+        /* Room to grow costs 2 MiB of fresh address space: not under a limit
+         * on it (looked up only here: it is a system call). */
+        if (growing && os_as_limit() != SIZE_MAX) return NULL;
         if ((h = large_map(need, map_align, thp)) == NULL) return NULL;
         h->map_size = need;
         h->thp = thp;
@@ -424,10 +427,8 @@ void *large_alloc(size_t size, size_t align, bool zero) {
 }
 
 void *large_alloc_growing(size_t size) {
-    /* Each is 2 MiB of address space: not under an address-space limit. */
     if (atomic_fetch_add_explicit(&large_growing_live, 1, memory_order_relaxed) >=
-            LARGE_GROWING_MAX ||
-        os_as_limit() != SIZE_MAX) {
+        LARGE_GROWING_MAX) {
         atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
         return NULL;
     }
