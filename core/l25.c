@@ -18,7 +18,7 @@ struct l25_shard {
     /* Bundles with every block free: the committed ones first, newest
      * first, then the decommitted ones. */
     struct l25_bundle *empty;
-    uint32_t nempty;
+    uint32_t nempty, nspare; /* empty bundles; the committed ones of them */
     uint64_t refills, flushes, carved_bytes;
 };
 
@@ -95,13 +95,49 @@ static void l25_desc_put(struct l25_bundle *b) {
     hak_unlock(&l25_desc_lock);
 }
 
+/* Coloured (see l25.h): the tier's own classes, except for aligned requests. */
+static inline uint32_t l25_stride(uint32_t cls, uint32_t shard) {
+    return small_class_size[cls] + (cls >= SMALL_FIRST && shard != L25_ALIGNED ? 64 : 0);
+}
+
+/* Describe in b (descriptor idx) a bundle of class cls for `shard` over
+ * [base, base + span), every block free; its bitmaps in its first blocks
+ * when it has more than 64. */
+static void l25_bundle_format(struct l25_bundle *b, uint32_t cls, uint32_t shard, uint8_t *base,
+                              size_t span, uint32_t idx) {
+    const uint32_t size = small_class_size[cls], stride = l25_stride(cls, shard);
+    memset(b, 0, sizeof *b);
+    b->idx = idx;
+    b->base = base;
+    b->span = span;
+    b->cls = cls;
+    b->size = size;
+    b->stride = stride;
+    /* floor(2^64 / stride) + 1, or exactly 2^64 / stride for a power of two
+     * (exact then too). */
+    b->magic = UINT64_MAX / stride + 1;
+    b->nblocks = (uint32_t)(span / stride);
+    b->shard = shard;
+    if (b->nblocks <= 64) {
+        b->live = &b->live1;
+        b->avail = &b->avail1;
+        b->dirty = &b->dirty1;
+    } else {
+        /* Bitmaps in the first blocks, which are then never handed out
+         * (zeroed: the pages may hold another class's blocks). */
+        size_t bytes = 2 * l25_words(b->nblocks) * sizeof(uint64_t);
+        b->live = (_Atomic uint64_t *)base;
+        b->avail = (uint64_t *)base + l25_words(b->nblocks);
+        b->first = (uint32_t)((bytes + size - 1) / size);
+        memset(base, 0, bytes);
+    }
+    l25_bundle_reset(b);
+}
+
 /* A new, empty bundle of cls for shard `shard`; NULL when the OS or the
  * descriptor table refuses. Called without locks. */
 static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
-    const uint32_t size = small_class_size[cls];
-    /* Coloured (see l25.h): the tier's own classes, except for aligned requests. */
-    const uint32_t stride = size + (cls >= SMALL_FIRST && shard != L25_ALIGNED ? 64 : 0);
-    const size_t span = l25_span(stride);
+    const size_t span = l25_span(l25_stride(cls, shard));
     /* Under an address-space limit each class's partly used bundle is space
      * other blocks cannot have: bundles no bigger than 1/256 of the limit
      * (read each time: a program may set it while running). Bigger blocks
@@ -126,29 +162,7 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
         l25_desc_put(b);
         return NULL;
     }
-    memset(b, 0, sizeof *b);
-    b->idx = idx;
-    b->base = base;
-    b->span = span;
-    b->cls = cls;
-    b->size = size;
-    b->stride = stride;
-    /* floor(2^64 / stride) + 1, or exactly 2^64 / stride for a power of two
-     * (exact then too). */
-    b->magic = UINT64_MAX / stride + 1;
-    b->nblocks = (uint32_t)(span / stride);
-    b->shard = shard;
-    if (b->nblocks <= 64) {
-        b->live = &b->live1;
-        b->avail = &b->avail1;
-        b->dirty = &b->dirty1;
-    } else {
-        /* Bitmaps in the first blocks, which are then never handed out. */
-        size_t bytes = 2 * l25_words(b->nblocks) * sizeof(uint64_t);
-        b->live = (_Atomic uint64_t *)base;
-        b->avail = (uint64_t *)base + l25_words(b->nblocks);
-        b->first = (uint32_t)((bytes + size - 1) / size);
-    }
+    l25_bundle_format(b, cls, shard, base, span, idx);
     /* Published in the region map only once the descriptor is complete. */
     for (size_t r = 0; r < span; r += HAK_REGION_SIZE) {
         if (!rmap_set_region(base + r, RMAP_L25, idx)) {
@@ -158,7 +172,6 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
             return NULL;
         }
     }
-    l25_bundle_reset(b);
     hak_lock(&l25_desc_lock);
     l25_mapped++;
     l25_bytes += span;
@@ -200,6 +213,38 @@ static void l25_list_remove(struct l25_bundle **head, struct l25_bundle *b) {
     if (b->next) b->next->prev = b->prev;
 }
 
+/* Committed empty bundles on all shards' empty lists, by span (2, 4, 8 MiB):
+ * what l25_steal may find. */
+static _Atomic uint32_t l25_spares[3];
+
+static inline _Atomic uint32_t *l25_spares_of(size_t span) {
+    return &l25_spares[span >> (HAK_REGION_SHIFT + 1) < 2 ? span >> (HAK_REGION_SHIFT + 1) : 2];
+}
+
+/* Bytes of all committed empty bundles: at most L25_SPARE_MUL times the
+ * BigCache's bound (hak_cfg.bigcache_bytes), so that the next burst of
+ * allocations after a burst of frees of a few hundred MiB, whatever their
+ * sizes, takes their pages instead of faulting in new ones (bench_burst: at
+ * 1x, half of each burst faulted again). The age bound gives them back. */
+#define L25_SPARE_MUL 4
+static size_t l25_spare_bytes(void) {
+    size_t n = 0;
+    for (int i = 0; i < 3; i++)
+        n += (size_t)atomic_load_explicit(&l25_spares[i], memory_order_relaxed) *
+             (HAK_REGION_SIZE << i);
+    return n;
+}
+
+/* Off the shard's empty list. Shard lock held. */
+static void l25_empty_unlink(struct l25_shard *s, struct l25_bundle *b) {
+    l25_list_remove(&s->empty, b);
+    s->nempty--;
+    if (b->committed) {
+        s->nspare--;
+        atomic_fetch_sub_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
+    }
+}
+
 /* Work the shard's empty list asks for, done once the lock is dropped. */
 struct l25_todo {
     struct l25_bundle *b[L25_EMPTY_MAX + 2];
@@ -208,21 +253,27 @@ struct l25_todo {
 };
 
 /* Empty bundles stay committed (a working set that empties bundles and
- * fills them again makes no syscall) until unused for the cache age
- * (HAKMEM_BIGCACHE_AGE_MS), then are decommitted; past L25_EMPTY_MAX the
- * oldest is unmapped. Takes those bundles off the list into *t. Shard lock
- * held. */
+ * fills them again makes no syscall; another class may take them, see
+ * l25_steal) until unused for the cache age (HAKMEM_BIGCACHE_AGE_MS), then
+ * are decommitted; past L25_EMPTY_MAX decommitted ones in the shard, or past
+ * l25_spare_bytes' bound for committed ones, the shard's oldest is unmapped.
+ * Takes those bundles off the list into *t. Shard lock held. */
 static void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t) {
     const uint32_t room = sizeof t->b / sizeof t->b[0];
     /* Bundles being decommitted are off the list and come back later, so
-     * nempty can pass the bound by more than one: trim to it, as far as
-     * *t has room (the next call takes the rest). */
-    while (s->nempty > L25_EMPTY_MAX && t->n < room) { /* the oldest: the list's last */
-        struct l25_bundle *last = s->empty;
-        while (last->next)
-            last = last->next;
-        l25_list_remove(&s->empty, last);
-        s->nempty--;
+     * the counts can pass the bounds by more than one: trim to them, as far
+     * as *t has room (the next call takes the rest). */
+    while (t->n < room &&
+           (s->nempty - s->nspare > L25_EMPTY_MAX ||
+            (s->nspare > 0 && l25_spare_bytes() > L25_SPARE_MUL * hak_cfg.bigcache_bytes))) {
+        /* The oldest: the list's last (a decommitted one), or its last
+         * committed one when the bound passed is theirs. */
+        bool committed = s->nempty - s->nspare <= L25_EMPTY_MAX;
+        struct l25_bundle *last = NULL;
+        for (struct l25_bundle *b = s->empty; b; b = b->next)
+            if (!committed || b->committed) last = b;
+        if (last == NULL) break; /* (the counts say there is one) */
+        l25_empty_unlink(s, last);
         t->b[t->n] = last;
         t->unmap[t->n++] = true;
     }
@@ -230,8 +281,7 @@ static void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t
         next = b->next;
         /* (empty_ms may be later than a now read before the walk) */
         if (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
-        l25_list_remove(&s->empty, b);
-        s->nempty--;
+        l25_empty_unlink(s, b);
         t->b[t->n] = b;
         t->unmap[t->n++] = false;
     }
@@ -246,6 +296,8 @@ static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l
     b->empty_ms = hak_now_ms();
     l25_list_push(&s->empty, b);
     s->nempty++;
+    s->nspare++;
+    atomic_fetch_add_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
     l25_tidy_empty(s, b->empty_ms, t);
 }
 
@@ -317,6 +369,31 @@ static uint32_t l25_take_from(struct l25_shard *s, struct l25_bundle *b, void **
     return got;
 }
 
+/* A committed empty bundle another class's shard keeps, made one of class
+ * cls for shard sh, or NULL: a burst of other sizes after a burst of frees
+ * reuses the pages the frees left instead of faulting in new ones. No lock
+ * held. */
+static struct l25_bundle *l25_steal(uint32_t cls, uint32_t sh) {
+    size_t span = l25_span(l25_stride(cls, sh));
+    if (atomic_load_explicit(l25_spares_of(span), memory_order_relaxed) == 0) return NULL;
+    for (uint32_t c = 0; c < SMALL_NCLASSES; c++) {
+        for (uint32_t k = 0; k <= L25_SHARDS; k++) {
+            struct l25_shard *s = &l25_shards[c][k];
+            hak_lock(&s->lock);
+            /* Committed ones come first; a shard's bundles share a span. */
+            struct l25_bundle *b = s->empty;
+            if (b && b->committed && b->span == span) {
+                l25_empty_unlink(s, b);
+                hak_unlock(&s->lock);
+                l25_bundle_format(b, cls, sh, b->base, b->span, b->idx);
+                return b;
+            }
+            hak_unlock(&s->lock);
+        }
+    }
+    return NULL;
+}
+
 /* Up to `want` blocks of cls from shard `sh` into out[]; how many (0: out of
  * memory). */
 static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
@@ -326,15 +403,14 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
     s->refills++;
     struct l25_bundle *b = s->partial;
     if (b == NULL && (b = s->empty) != NULL) { /* a committed one first */
-        l25_list_remove(&s->empty, b);
-        s->nempty--;
+        l25_empty_unlink(s, b);
         l25_list_push(&s->partial, b);
         b->listed = true;
     }
     if (s->empty) l25_tidy_empty(s, hak_now_ms(), &todo);
     if (b == NULL) {
         hak_unlock(&s->lock);
-        if ((b = l25_bundle_new(cls, sh)) == NULL) return 0;
+        if ((b = l25_steal(cls, sh)) == NULL && (b = l25_bundle_new(cls, sh)) == NULL) return 0;
         hak_lock(&s->lock);
         l25_list_push(&s->partial, b);
         b->listed = true;
@@ -489,8 +565,12 @@ bool l25_trim(void) {
             struct l25_shard *s = &l25_shards[cls][sh];
             hak_lock(&s->lock);
             struct l25_bundle *empty = s->empty;
+            for (struct l25_bundle *b = empty; b; b = b->next)
+                if (b->committed)
+                    atomic_fetch_sub_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
             s->empty = NULL;
             s->nempty = 0;
+            s->nspare = 0;
             for (struct l25_bundle *b = s->partial; b; b = b->next)
                 released |= l25_decommit_free(b, ~(uint64_t)0);
             hak_unlock(&s->lock);

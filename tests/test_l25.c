@@ -319,6 +319,72 @@ static void test_trim_unmaps_empty_bundles(void **state) {
     assert_int_equal(s.bundles_mapped, s.bundles_unmapped);
 }
 
+static void *one_block_freed(void *arg) {
+    void **out = arg;
+    size_t n = (size_t)(uintptr_t)out[0];
+    uint8_t *p = malloc(n);
+    memset(p, 0xab, n);
+    out[1] = bundle_of(p)->base;
+    free(p); /* the bundle is empty once this thread's cache goes back */
+    return NULL;
+}
+
+static void *one_block_of_other_class(void *arg) {
+    void **out = arg;
+    size_t n = (size_t)(uintptr_t)out[0];
+    uint8_t *p = malloc(n);
+    struct l25_bundle *b = bundle_of(p);
+    assert_int_equal(b->cls, small_class_of(n));
+    assert_int_equal(b->stride, small_class_size[b->cls] + 64);
+    assert_int_equal(b->navail, b->nblocks - 1 - (tc_count(b->cls)));
+    memset(p, 0xcd, n);
+    out[1] = b->base;
+    free(p);
+    return NULL;
+}
+
+/* A committed empty bundle of one class serves another class with the same
+ * span (a burst of other sizes after a burst of frees reuses their pages:
+ * bench_burst faulted its memory in again every round). */
+static void test_empty_bundle_serves_other_class(void **state) {
+    (void)state;
+    malloc_trim(0);
+    void *a[2] = {(void *)(uintptr_t)420000, NULL}, *b[2] = {(void *)(uintptr_t)310000, NULL};
+    assert_int_not_equal(small_class_of(420000), small_class_of(310000));
+    run_in_thread(one_block_freed, a);
+    uint64_t mapped = stats().bundles_mapped;
+    run_in_thread(one_block_of_other_class, b);
+    assert_ptr_equal(b[1], a[1]);
+    assert_int_equal(stats().bundles_mapped, mapped);
+}
+
+static void *blocks_of_classes_freed(void *arg) {
+    const uint32_t *cls = arg;
+    void *p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = malloc(small_class_size[cls[i]]);
+    for (int i = 0; i < 8; i++)
+        free(p[i]);
+    return NULL;
+}
+
+/* Committed empty bundles are bounded in bytes over all classes (4x the
+ * BigCache's bound), not only in number per shard. */
+static void test_empty_bundles_bounded_in_bytes(void **state) {
+    (void)state;
+    size_t bound = hak_cfg.bigcache_bytes;
+    hak_cfg.bigcache_bytes = 2u << 20; /* 8 MiB of empty bundles */
+    malloc_trim(0);
+    uint32_t cls[8], n = 0;
+    for (uint32_t c = SMALL_FIRST; c < SMALL_NCLASSES && n < 8; c++)
+        if (4 * (small_class_size[c] + 64) <= (2u << 20)) cls[n++] = c; /* 2 MiB bundles */
+    assert_int_equal(n, 8);
+    run_in_thread(blocks_of_classes_freed, cls);
+    assert_true(stats().bytes_mapped <= (8u << 20));
+    hak_cfg.bigcache_bytes = bound;
+    malloc_trim(0);
+}
+
 static void *grab(void *arg) {
     void **out = arg;
     *out = malloc(90000);
@@ -509,6 +575,8 @@ int main(void) {
         cmocka_unit_test(test_trim_decommits_free_blocks),
         cmocka_unit_test(test_trim_decommits_shared_pages_later),
         cmocka_unit_test(test_trim_unmaps_empty_bundles),
+        cmocka_unit_test(test_empty_bundle_serves_other_class),
+        cmocka_unit_test(test_empty_bundles_bounded_in_bytes),
         cmocka_unit_test(test_threads_use_different_shards),
         cmocka_unit_test(test_uncached_blocks_of_other_classes),
         cmocka_unit_test(test_growing_realloc_leaves_room),
