@@ -18,7 +18,7 @@ struct l25_shard {
     /* Bundles with every block free: the committed ones first, newest
      * first, then the decommitted ones. */
     struct l25_bundle *empty;
-    uint32_t nempty, nspare; /* empty bundles; the committed ones of them */
+    uint32_t nempty;
     uint64_t refills, flushes, carved_bytes;
 };
 
@@ -221,28 +221,11 @@ static inline _Atomic uint32_t *l25_spares_of(size_t span) {
     return &l25_spares[span >> (HAK_REGION_SHIFT + 1) < 2 ? span >> (HAK_REGION_SHIFT + 1) : 2];
 }
 
-/* Bytes of all committed empty bundles: at most L25_SPARE_MUL times the
- * BigCache's bound (hak_cfg.bigcache_bytes), so that the next burst of
- * allocations after a burst of frees of a few hundred MiB, whatever their
- * sizes, takes their pages instead of faulting in new ones (bench_burst: at
- * 1x, half of each burst faulted again). The age bound gives them back. */
-#define L25_SPARE_MUL 4
-static size_t l25_spare_bytes(void) {
-    size_t n = 0;
-    for (int i = 0; i < 3; i++)
-        n += (size_t)atomic_load_explicit(&l25_spares[i], memory_order_relaxed) *
-             (HAK_REGION_SIZE << i);
-    return n;
-}
-
 /* Off the shard's empty list. Shard lock held. */
 static void l25_empty_unlink(struct l25_shard *s, struct l25_bundle *b) {
     l25_list_remove(&s->empty, b);
     s->nempty--;
-    if (b->committed) {
-        s->nspare--;
-        atomic_fetch_sub_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
-    }
+    if (b->committed) atomic_fetch_sub_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
 }
 
 /* Work the shard's empty list asks for, done once the lock is dropped. */
@@ -255,24 +238,17 @@ struct l25_todo {
 /* Empty bundles stay committed (a working set that empties bundles and
  * fills them again makes no syscall; another class may take them, see
  * l25_steal) until unused for the cache age (HAKMEM_BIGCACHE_AGE_MS), then
- * are decommitted; past L25_EMPTY_MAX decommitted ones in the shard, or past
- * l25_spare_bytes' bound for committed ones, the shard's oldest is unmapped.
- * Takes those bundles off the list into *t. Shard lock held. */
+ * are decommitted; past L25_EMPTY_MAX the oldest is unmapped. Takes those
+ * bundles off the list into *t. Shard lock held. */
 static void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t) {
     const uint32_t room = sizeof t->b / sizeof t->b[0];
     /* Bundles being decommitted are off the list and come back later, so
-     * the counts can pass the bounds by more than one: trim to them, as far
-     * as *t has room (the next call takes the rest). */
-    while (t->n < room &&
-           (s->nempty - s->nspare > L25_EMPTY_MAX ||
-            (s->nspare > 0 && l25_spare_bytes() > L25_SPARE_MUL * hak_cfg.bigcache_bytes))) {
-        /* The oldest: the list's last (a decommitted one), or its last
-         * committed one when the bound passed is theirs. */
-        bool committed = s->nempty - s->nspare <= L25_EMPTY_MAX;
-        struct l25_bundle *last = NULL;
-        for (struct l25_bundle *b = s->empty; b; b = b->next)
-            if (!committed || b->committed) last = b;
-        if (last == NULL) break; /* (the counts say there is one) */
+     * nempty can pass the bound by more than one: trim to it, as far as
+     * *t has room (the next call takes the rest). */
+    while (s->nempty > L25_EMPTY_MAX && t->n < room) { /* the oldest: the list's last */
+        struct l25_bundle *last = s->empty;
+        while (last->next)
+            last = last->next;
         l25_empty_unlink(s, last);
         t->b[t->n] = last;
         t->unmap[t->n++] = true;
@@ -296,7 +272,6 @@ static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l
     b->empty_ms = hak_now_ms();
     l25_list_push(&s->empty, b);
     s->nempty++;
-    s->nspare++;
     atomic_fetch_add_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
     l25_tidy_empty(s, b->empty_ms, t);
 }
@@ -570,7 +545,6 @@ bool l25_trim(void) {
                     atomic_fetch_sub_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
             s->empty = NULL;
             s->nempty = 0;
-            s->nspare = 0;
             for (struct l25_bundle *b = s->partial; b; b = b->next)
                 released |= l25_decommit_free(b, ~(uint64_t)0);
             hak_unlock(&s->lock);

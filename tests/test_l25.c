@@ -358,33 +358,6 @@ static void test_empty_bundle_serves_other_class(void **state) {
     assert_int_equal(stats().bundles_mapped, mapped);
 }
 
-static void *blocks_of_classes_freed(void *arg) {
-    const uint32_t *cls = arg;
-    void *p[8];
-    for (int i = 0; i < 8; i++)
-        p[i] = malloc(small_class_size[cls[i]]);
-    for (int i = 0; i < 8; i++)
-        free(p[i]);
-    return NULL;
-}
-
-/* Committed empty bundles are bounded in bytes over all classes (4x the
- * BigCache's bound), not only in number per shard. */
-static void test_empty_bundles_bounded_in_bytes(void **state) {
-    (void)state;
-    size_t bound = hak_cfg.bigcache_bytes;
-    hak_cfg.bigcache_bytes = 2u << 20; /* 8 MiB of empty bundles */
-    malloc_trim(0);
-    uint32_t cls[8], n = 0;
-    for (uint32_t c = SMALL_FIRST; c < SMALL_NCLASSES && n < 8; c++)
-        if (4 * (small_class_size[c] + 64) <= (2u << 20)) cls[n++] = c; /* 2 MiB bundles */
-    assert_int_equal(n, 8);
-    run_in_thread(blocks_of_classes_freed, cls);
-    assert_true(stats().bytes_mapped <= (8u << 20));
-    hak_cfg.bigcache_bytes = bound;
-    malloc_trim(0);
-}
-
 static void *grab(void *arg) {
     void **out = arg;
     *out = malloc(90000);
@@ -576,7 +549,6 @@ int main(void) {
         cmocka_unit_test(test_trim_decommits_shared_pages_later),
         cmocka_unit_test(test_trim_unmaps_empty_bundles),
         cmocka_unit_test(test_empty_bundle_serves_other_class),
-        cmocka_unit_test(test_empty_bundles_bounded_in_bytes),
         cmocka_unit_test(test_threads_use_different_shards),
         cmocka_unit_test(test_uncached_blocks_of_other_classes),
         cmocka_unit_test(test_growing_realloc_leaves_room),
