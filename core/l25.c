@@ -25,7 +25,8 @@ struct l25_shard {
 HAK_HIDDEN struct l25_bundle *l25_desc[L25_MAX_BUNDLES / L25_DESC_CHUNK];
 
 #define L25_LIMIT_DIV 256
-/* Free blocks with pages a bundle keeps through an ageing pass (see l25_purge). */
+/* Free blocks with pages the first bundle of a shard keeps through an
+ * ageing pass (see l25_purge). */
 #define L25_KEEP_FREE 2
 
 /* Shard L25_SHARDS of a class has the uncoloured bundles for aligned requests. */
@@ -218,7 +219,7 @@ static void l25_list_remove(struct l25_bundle **head, struct l25_bundle *b) {
 static _Atomic uint32_t l25_spares[3];
 
 static inline _Atomic uint32_t *l25_spares_of(size_t span) {
-    return &l25_spares[span >> (HAK_REGION_SHIFT + 1) < 2 ? span >> (HAK_REGION_SHIFT + 1) : 2];
+    return &l25_spares[span >> (HAK_REGION_SHIFT + 1)]; /* 0, 1, 2 */
 }
 
 /* Off the shard's empty list. Shard lock held. */
@@ -361,6 +362,9 @@ static struct l25_bundle *l25_steal(uint32_t cls, uint32_t sh) {
                 l25_empty_unlink(s, b);
                 hak_unlock(&s->lock);
                 l25_bundle_format(b, cls, sh, b->base, b->span, b->idx);
+                /* Its pages are still resident: every free block may hold
+                 * some, for the ageing and malloc_trim to give back. */
+                if (b->dirty) b->dirty1 = b->avail1;
                 return b;
             }
             hak_unlock(&s->lock);
@@ -539,12 +543,13 @@ bool l25_trim(void) {
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];
             hak_lock(&s->lock);
-            struct l25_bundle *empty = s->empty;
-            for (struct l25_bundle *b = empty; b; b = b->next)
-                if (b->committed)
-                    atomic_fetch_sub_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
-            s->empty = NULL;
-            s->nempty = 0;
+            struct l25_bundle *empty = NULL;
+            while (s->empty) {
+                struct l25_bundle *b = s->empty;
+                l25_empty_unlink(s, b);
+                b->next = empty;
+                empty = b;
+            }
             for (struct l25_bundle *b = s->partial; b; b = b->next)
                 released |= l25_decommit_free(b, ~(uint64_t)0);
             hak_unlock(&s->lock);

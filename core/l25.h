@@ -59,7 +59,7 @@ struct l25_bundle {
     uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
     uint32_t shard;
     bool listed;                    /* on the shard's partial list */
-    bool committed;                 /* empty, its pages not given back yet */
+    bool committed;                 /* on the empty list: its pages not given back yet */
     uint64_t empty_ms;              /* when it last became empty */
     struct l25_bundle *next, *prev; /* partial or empty list; free descriptors */
     /* The bitmaps of a bundle of at most 64 blocks. */
@@ -152,8 +152,9 @@ void l25_thread_flush(void);
 bool l25_trim(void);
 /* When a pass is due (every HAKMEM_BIGCACHE_AGE_MS; one timer, whoever
  * calls: l25_put makes them too), decommit or unmap empty bundles unused for
- * the cache age, and the free blocks that stayed free since the previous
- * pass; true when memory went back. */
+ * the cache age, and the free blocks of partly used bundles (but a few at
+ * the front of each shard, which its next refills take); true when memory
+ * went back. */
 bool l25_age(void);
 
 /* fork: take every lock of the tier before, release them after (parent and

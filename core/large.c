@@ -31,6 +31,7 @@ struct large_hdr {
     bool thp;        /* the mapping asked for huge pages */
     bool growing;    /* from large_alloc_growing: counted in large_growing_live */
 };
+_Static_assert(sizeof(struct large_hdr) <= LARGE_HDR_SIZE, "the header fits before the block");
 
 /* Kernel mappings made so far: each gets the next number. */
 static _Atomic uint64_t large_maps;
@@ -40,8 +41,8 @@ static inline uint64_t large_map_id(void) {
 }
 
 /* Blocks from large_alloc_growing live now, at most LARGE_GROWING_MAX: each
- * is a mapping of its own (the kernel limits their number) of 2 MiB of
- * address space. */
+ * is a mapping of its own (the kernel limits their number), with room to the
+ * end of its 2 MiB region. */
 #define LARGE_GROWING_MAX 1024
 static _Atomic uint32_t large_growing_live;
 
@@ -110,7 +111,7 @@ static struct large_hdr *large_map(size_t size, size_t map_align, bool thp) {
         errno = ENOMEM;
         return NULL;
     }
-    if (thp) os_hugepages(h, size);
+    h->thp = thp && os_hugepages(h, size); /* what the kernel granted */
     h->map = large_map_id();
     return h;
 }
@@ -170,6 +171,8 @@ static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct 
     return n;
 }
 
+static void large_cache_merge(struct large_cache *lc, struct large_entry *e);
+
 /* Decommit or unmap what large_cache_expire or large_cache_room took out;
  * decommitted entries go back into the cache. */
 static void large_cache_retire(const struct large_entry *out, uint32_t n) {
@@ -189,6 +192,7 @@ static void large_cache_retire(const struct large_entry *out, uint32_t n) {
         bool kept = false;
         e.decommitted = true;
         hak_lock(&lc->lock);
+        large_cache_merge(lc, &e); /* with decommitted neighbours */
         if (lc->n < LARGE_CACHE_N && lc->bytes + e.size <= hak_cfg.bigcache_bytes) {
             large_cache_insert(lc, e);
             lc->decommits++;
@@ -231,6 +235,7 @@ static void large_cache_add(struct large_entry e) {
         return;
     }
     hak_lock(&lc->lock);
+    bool fresh = e.seq == 0; /* (a split-off rest keeps its place) */
     large_cache_merge(lc, &e);
     if (e.size > hak_cfg.bigcache_bytes) {
         hak_unlock(&lc->lock);
@@ -238,7 +243,7 @@ static void large_cache_add(struct large_entry e) {
         return;
     }
     uint32_t nold = large_cache_room(lc, e.size, old);
-    if (e.seq == 0) e.seq = ++lc->seq; /* a split-off rest keeps its place */
+    if (fresh) e.seq = ++lc->seq; /* the newest, whatever it merged with */
     large_cache_insert(lc, e);
     nold += large_cache_expire(lc, hak_now_ms(), old + nold);
     hak_unlock(&lc->lock);
@@ -408,7 +413,6 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
         if (growing && os_as_limit() != SIZE_MAX) return NULL;
         if ((h = large_map(need, map_align, thp)) == NULL) return NULL;
         h->map_size = need;
-        h->thp = thp;
     }
     h->magic = LARGE_LIVE;
     h->offset = off;
@@ -427,6 +431,9 @@ void *large_alloc(size_t size, size_t align, bool zero) {
 }
 
 void *large_alloc_growing(size_t size) {
+    /* (At the bound, every growing realloc asks: a load, not a write.) */
+    if (atomic_load_explicit(&large_growing_live, memory_order_relaxed) >= LARGE_GROWING_MAX)
+        return NULL;
     if (atomic_fetch_add_explicit(&large_growing_live, 1, memory_order_relaxed) >=
         LARGE_GROWING_MAX) {
         atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
@@ -482,7 +489,6 @@ static void *large_move(struct large_hdr *h, size_t need, size_t n) {
         rmap_mark_span(h, old, RMAP_LARGE);
         rmap_clear_span(dst, need);
         os_unmap(dst, need);
-        errno = ENOMEM;
         return NULL;
     }
     dst->map_size = need;

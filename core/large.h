@@ -2,10 +2,10 @@
  * the mapping's start, the block after it (or at the requested alignment).
  * Freed mappings wait in a BigCache (bounded in entries and bytes,
  * decommitted and then unmapped when they stay unused) that serves any
- * size: a bigger mapping is split at a region boundary, a smaller one grown
- * with mremap, so freed pages are reused without faults or syscalls;
+ * size: a bigger mapping is split at a region boundary (no syscall), a
+ * smaller one grown with mremap, so freed pages are reused without faults;
  * realloc moves pages with mremap, never bytes. Mappings of 2 MiB and more
- * get transparent huge pages unless HAKMEM_HUGEPAGES=0. */
+ * (but growing blocks) get transparent huge pages unless HAKMEM_HUGEPAGES=0. */
 #ifndef HAK_LARGE_H
 #define HAK_LARGE_H
 
@@ -20,8 +20,9 @@ void *large_alloc(size_t size, size_t align, bool zero);
 /* For a block that realloc grows out of a smaller tier, likely to grow on
  * (a buffer, a string, a vector): a mapping with room to grow in place to
  * the end of its 2 MiB region, in small pages (only what is used becomes
- * resident). NULL, errno untouched, when too many such blocks are live or
- * under an address-space limit: the caller then grows it as any other. */
+ * resident). NULL, errno untouched, when too many such blocks are live or,
+ * under an address-space limit, no cached mapping can serve it: the caller
+ * then grows it as any other. */
 void *large_alloc_growing(size_t size);
 /* p's region entry said RMAP_LARGE; `fn` names the API call for errors. */
 void large_free(void *p, uint32_t entry, const char *fn);

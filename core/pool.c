@@ -265,6 +265,16 @@ void pool_free_remote(void *p, struct pool_chunk *c) {
 
 /* ---- thread exit, trim, fork ----------------------------------------------------------- */
 
+/* Every spare chunk of h back to the OS. */
+static void pool_spares_unmap(struct pool_heap *h) {
+    while (h->spares) {
+        struct pool_chunk *c = h->spares;
+        h->spares = c->all_next;
+        h->spare_bytes -= c->size;
+        pool_chunk_unmap(c);
+    }
+}
+
 /* Tidy h: remote blocks to their chunks, the current chunk among the spares
  * when nothing of it is out, and with `all` every spare back to the OS. */
 static bool pool_heap_tidy(struct pool_heap *h, bool all) {
@@ -273,12 +283,7 @@ static bool pool_heap_tidy(struct pool_heap *h, bool all) {
     /* The current chunk stays current while it has blocks out: dropped, its
      * uncarved tail would be lost until they all came back. */
     if (h->cur && h->cur->out == 0) pool_chunk_release(h, h->cur);
-    while (all && h->spares) {
-        struct pool_chunk *c = h->spares;
-        h->spares = c->all_next;
-        h->spare_bytes -= c->size;
-        pool_chunk_unmap(c);
-    }
+    if (all) pool_spares_unmap(h);
     return atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed) != before;
 }
 
@@ -329,12 +334,7 @@ bool pool_age(void) {
     struct pool_heap *h = hak_tc.pool;
     if (h == NULL || h->spares == NULL || hak_now_ms() - h->spare_ms < hak_cfg.bigcache_age_ms)
         return false;
-    while (h->spares) { /* none taken or added for the age: the need has passed */
-        struct pool_chunk *c = h->spares;
-        h->spares = c->all_next;
-        h->spare_bytes -= c->size;
-        pool_chunk_unmap(c);
-    }
+    pool_spares_unmap(h); /* none taken or added for the age: the need has passed */
     return true;
 }
 

@@ -339,6 +339,12 @@ static void *one_block_of_other_class(void *arg) {
     assert_int_equal(b->navail, b->nblocks - 1 - (tc_count(b->cls)));
     memset(p, 0xcd, n);
     out[1] = b->base;
+    /* The pages the other class wrote past this block (its first block
+     * was 420000 bytes) are free memory now, which trim gives back. */
+    assert_true(maps_resident(b->base + 400000));
+    malloc_trim(0);
+    assert_false(maps_resident(b->base + 400000));
+    assert_int_equal(p[n - 1], 0xcd);
     free(p);
     return NULL;
 }

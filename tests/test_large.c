@@ -485,6 +485,46 @@ static void test_growing_block_from_cache_makes_no_syscall(void **state) {
 #endif
 }
 
+/* A freed block that merges with its own cached rest is the most recently
+ * freed entry: eviction takes an older one (it kept the rest's old place in
+ * the order and went first). */
+static void test_merged_entry_is_newest(void **state) {
+    (void)state;
+    hak_cfg.bigcache_bytes = 28 * MiB;
+    uint8_t *p = malloc(8 * MiB - 4096), *q = malloc(16 * MiB - 4096), *s = malloc(6 * MiB - 4096);
+    memset(p, 0x88, 8 * MiB - 4096);
+    free(p);
+    uint8_t *r = malloc(2 * MiB - 4096); /* p's first region; its other 6 MiB stay cached */
+    assert_ptr_equal(r, p);
+    free(q);
+    free(r); /* merges with the rest: the 8 MiB again, freed last */
+    assert_int_equal(lstats().cached_bytes, 24 * MiB);
+    free(s); /* 30 MiB: the least recently freed (q's 16 MiB) goes */
+    assert_int_equal(lstats().cached_bytes, 14 * MiB);
+    uint64_t before = os_total();
+    assert_ptr_equal(malloc(8 * MiB - 4096), p);
+    assert_int_equal(os_total(), before);
+    free(p);
+}
+
+/* Huge pages refused (a kernel without THP): the mapping is not recorded as
+ * huge, so a growing block, which wants small pages, may still reuse it. */
+static void test_refused_hugepages_not_recorded(void **state) {
+    (void)state;
+    hak_cfg.hugepages = true;
+    os_fault_only(1u << OS_SITE_HUGEPAGES);
+    os_fault_arm(0, UINT64_MAX);
+    uint8_t *p = malloc(4 * MiB - 4096);
+    os_fault_disarm();
+    os_fault_only(~0u);
+    assert_non_null(p);
+    free(p);
+    uint8_t *q = malloc(100);
+    q = realloc(q, 5000); /* a growing block: from the cached mapping */
+    assert_ptr_equal(q, p);
+    free(q);
+}
+
 static void test_realloc_trims_only_when_asked_for_less(void **state) {
     (void)state;
     uint8_t *p = malloc(16 * MiB);
@@ -619,6 +659,8 @@ int main(void) {
         cmocka_unit_test_setup(test_realloc_trims_only_when_asked_for_less, reset),
         cmocka_unit_test_setup(test_growing_blocks_bounded, reset),
         cmocka_unit_test_setup(test_growing_block_from_cache_makes_no_syscall, reset),
+        cmocka_unit_test_setup(test_merged_entry_is_newest, reset),
+        cmocka_unit_test_setup(test_refused_hugepages_not_recorded, reset),
         cmocka_unit_test_setup(test_split_rest_of_a_moved_block_still_checked, reset),
         cmocka_unit_test_setup(test_realloc_copy_keeps_errno, reset),
         cmocka_unit_test_setup(test_parts_of_two_mappings_do_not_merge, reset),

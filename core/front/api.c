@@ -43,7 +43,7 @@ static void *front_aligned(size_t align, size_t n) {
             p = l25_alloc_aligned(cls);
         if (hak_likely(p != NULL)) return p;
     }
-    return large_alloc(n, align, false); /* also the last resort (front_malloc_slow) */
+    return large_alloc(n, align, false); /* also the last resort (front_small_failed) */
 }
 
 static void *front_calloc(size_t nmemb, size_t size) {
@@ -96,15 +96,14 @@ static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
     /* Stay put unless growing, or shrinking by more than a power of two. */
     if (n <= have && small_class_of(n) + 4 > cls) return p;
     if (n > have && n >= FRONT_GROW_MIN) {
-        /* Growing: likely to grow on. Failing room of its own, past the
-         * Pool tier, room for as much again saves half the copies; the
-         * slack's pages are touched only if used. */
+        /* Growing: likely to grow on. Failing room of its own, within the
+         * L2.5 tier, room for half as much again saves half the copies; the
+         * slack's pages are touched only if used. (Past it, front_move's
+         * malloc is a Large block anyway.) */
         void *q = large_alloc_growing(n);
-        if (q == NULL && n > POOL_MAX) {
+        if (q == NULL && n > POOL_MAX && n <= HAK_SMALL_MAX) {
             int saved = errno; /* a refusal here is no failure of realloc */
-            q = n > HAK_SMALL_MAX
-                    ? large_alloc(n, HAK_MIN_ALIGN, false)
-                    : front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
+            q = front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
             if (q == NULL) errno = saved;
         }
         if (q) {

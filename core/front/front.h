@@ -18,10 +18,11 @@
  * (api.c). Out of line, so the fast path below keeps its arguments in
  * their registers and tail-jumps here. */
 void *front_malloc_miss(size_t n, uint32_t cls);
-/* A block of small class cls the thread cache had none of: the class's tier
- * (NULL, errno ENOMEM, when even the L2.5 tier has no memory). Every small
- * request goes through here when it misses, so the case of a thread that
- * may not cache is decided here, once (api.c). */
+/* A block of small class cls the thread cache had none of, for
+ * front_alloc_class: the class's tier (NULL, errno ENOMEM, when even the
+ * L2.5 tier has no memory). It and front_malloc_miss share the one place
+ * where the case of a thread that may not cache is decided (api.c,
+ * front_class_slow). */
 void *front_class_miss(uint32_t cls);
 
 HAK_INLINE void *front_malloc(size_t n) {
