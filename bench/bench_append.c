@@ -38,13 +38,10 @@ bad:
 
 int main(int argc, char **argv) {
     uint64_t rounds = 4, nbuf = 64, seed = 42, max_size, step;
-    if (argc > 4) {
-        fprintf(stderr, "usage: %s [rounds [buffers [seed]]]\n", prog);
-        return 2;
-    }
-    if (argc > 1 && bench_parse_u64(prog, argv[1], "rounds", 1, UINT64_MAX, &rounds)) return 2;
-    if (argc > 2 && bench_parse_u64(prog, argv[2], "buffers", 1, 1 << 20, &nbuf)) return 2;
-    if (argc > 3 && bench_parse_u64(prog, argv[3], "seed", 0, UINT64_MAX, &seed)) return 2;
+    const struct bench_arg args[] = {{"rounds", 1, UINT64_MAX, &rounds},
+                                     {"buffers", 1, 1 << 20, &nbuf},
+                                     {"seed", 0, UINT64_MAX, &seed}};
+    if (bench_args(prog, argc, argv, args, 3)) return 2;
     if (bench_env_u64(prog, "HAKMEM_BENCH_MAX_SIZE", 65536, 1, (uint64_t)1 << 40, &max_size) ||
         bench_env_u64(prog, "HAKMEM_BENCH_STEP", 16, 1, (uint64_t)1 << 30, &step))
         return 2;

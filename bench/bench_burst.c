@@ -26,24 +26,12 @@
 
 static const char *prog = "bench_burst";
 
-static void check(const unsigned char *p, uint64_t n, unsigned char tag) {
-    for (uint64_t i = 0; i < n; i += 4096)
-        if (p[i] != tag) goto bad;
-    if (p[n - 1] == tag) return;
-bad:
-    fprintf(stderr, "%s: block %p (size %" PRIu64 ") corrupted\n", prog, (const void *)p, n);
-    exit(1);
-}
-
 int main(int argc, char **argv) {
     uint64_t rounds = 6, mib = 256, seed = 42, min_size, max_size;
-    if (argc > 4) {
-        fprintf(stderr, "usage: %s [rounds [mib [seed]]]\n", prog);
-        return 2;
-    }
-    if (argc > 1 && bench_parse_u64(prog, argv[1], "rounds", 1, UINT64_MAX, &rounds)) return 2;
-    if (argc > 2 && bench_parse_u64(prog, argv[2], "mib", 1, 1 << 20, &mib)) return 2;
-    if (argc > 3 && bench_parse_u64(prog, argv[3], "seed", 0, UINT64_MAX, &seed)) return 2;
+    const struct bench_arg args[] = {{"rounds", 1, UINT64_MAX, &rounds},
+                                     {"mib", 1, 1 << 20, &mib},
+                                     {"seed", 0, UINT64_MAX, &seed}};
+    if (bench_args(prog, argc, argv, args, 3)) return 2;
     if (bench_env_u64(prog, "HAKMEM_BENCH_MIN_SIZE", 8192, 1, (uint64_t)1 << 40, &min_size) ||
         bench_env_u64(prog, "HAKMEM_BENCH_MAX_SIZE", 1 << 20, 2, (uint64_t)1 << 40, &max_size))
         return 2;
@@ -92,7 +80,7 @@ int main(int argc, char **argv) {
             uint64_t sz = len[j];
             blk[j] = blk[i - 1];
             len[j] = len[i - 1];
-            check(p, sz, tag);
+            bench_check_pages(prog, p, sz, tag);
             check_sum += sz;
             free(p);
         }

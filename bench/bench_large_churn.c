@@ -22,18 +22,7 @@
  * and Page faults lines. */
 #include "bench_util.h"
 
-#define BENCH_STRIDE 4096 /* one checked byte per this many: a page */
-
 static const char *prog = "bench_large_churn";
-
-static void check(const unsigned char *p, uint64_t n, unsigned char tag) {
-    for (uint64_t i = 0; i < n; i += BENCH_STRIDE)
-        if (p[i] != tag) goto bad;
-    if (p[n - 1] == tag) return;
-bad:
-    fprintf(stderr, "%s: block %p (size %" PRIu64 ") corrupted\n", prog, (const void *)p, n);
-    exit(1);
-}
 
 static unsigned char *make(uint64_t n, bool zero, unsigned char tag) {
     unsigned char *p = zero ? calloc(1, n) : malloc(n);
@@ -41,20 +30,16 @@ static unsigned char *make(uint64_t n, bool zero, unsigned char tag) {
         fprintf(stderr, "%s: allocation of %" PRIu64 " bytes failed\n", prog, n);
         exit(1);
     }
-    if (zero) check(p, n, 0);
+    if (zero) bench_check_pages(prog, p, n, 0);
     memset(p, tag, n); /* the program puts its data in */
     return p;
 }
 
 int main(int argc, char **argv) {
     uint64_t iters = 400, live = 20, seed = 42, min_size, max_size;
-    if (argc > 4) {
-        fprintf(stderr, "usage: %s [iters [live [seed]]]\n", prog);
-        return 2;
-    }
-    if (argc > 1 && bench_parse_u64(prog, argv[1], "iters", 1, UINT64_MAX, &iters)) return 2;
-    if (argc > 2 && bench_parse_u64(prog, argv[2], "live", 1, 4096, &live)) return 2;
-    if (argc > 3 && bench_parse_u64(prog, argv[3], "seed", 0, UINT64_MAX, &seed)) return 2;
+    const struct bench_arg args[] = {
+        {"iters", 1, UINT64_MAX, &iters}, {"live", 1, 4096, &live}, {"seed", 0, UINT64_MAX, &seed}};
+    if (bench_args(prog, argc, argv, args, 3)) return 2;
     if (bench_env_u64(prog, "HAKMEM_BENCH_MIN_SIZE", (uint64_t)1 << 20, 1, (uint64_t)1 << 40,
                       &min_size) ||
         bench_env_u64(prog, "HAKMEM_BENCH_MAX_SIZE", (uint64_t)32 << 20, 1, (uint64_t)1 << 40,
@@ -91,7 +76,7 @@ int main(int argc, char **argv) {
     for (uint64_t i = 0; i < iters; i++) {
         uint64_t r = bench_rng_next(&rng);
         uint64_t s = r % live;
-        check(buf[s], len[s], tag[s]);
+        bench_check_pages(prog, buf[s], len[s], tag[s]);
         free(buf[s]);
         len[s] = min_size + (r >> 20) % span;
         tag[s] = (unsigned char)(tag[s] == 255 ? 1 : tag[s] + 1); /* never 0: zero must differ */
@@ -99,7 +84,7 @@ int main(int argc, char **argv) {
         check_sum += len[s] ^ tag[s];
     }
     for (uint64_t s = 0; s < live; s++) {
-        check(buf[s], len[s], tag[s]);
+        bench_check_pages(prog, buf[s], len[s], tag[s]);
         free(buf[s]);
     }
     double elapsed = bench_now() - t0;

@@ -46,6 +46,33 @@ static inline int bench_parse_u64(const char *prog, const char *s, const char *w
     return -1;
 }
 
+/* A positional argument: argv[i + 1] for args[i], kept at its default when
+ * absent. */
+struct bench_arg {
+    const char *name;
+    uint64_t min, max;
+    uint64_t *val;
+};
+
+/* Parse the positional arguments into args[0 .. n-1]; 2 with a usage line or
+ * a message naming `prog` when there are too many or one is invalid, else 0. */
+static inline int bench_args(const char *prog, int argc, char **argv, const struct bench_arg *args,
+                             int n) {
+    if (argc > n + 1) {
+        fprintf(stderr, "usage: %s", prog);
+        for (int i = 0; i < n; i++)
+            fprintf(stderr, " [%s", args[i].name);
+        for (int i = 0; i < n; i++)
+            fputc(']', stderr);
+        fputc('\n', stderr);
+        return 2;
+    }
+    for (int i = 0; i + 1 < argc; i++)
+        if (bench_parse_u64(prog, argv[i + 1], args[i].name, args[i].min, args[i].max, args[i].val))
+            return 2;
+    return 0;
+}
+
 /* The environment variable `name` parsed as above, or `def` when unset. */
 static inline int bench_env_u64(const char *prog, const char *name, uint64_t def, uint64_t min,
                                 uint64_t max, uint64_t *out) {
@@ -83,6 +110,19 @@ static inline void bench_check_tagged(const char *prog, const unsigned char *p, 
     if (p[0] == tag && p[n - 1] == tag) return;
     fprintf(stderr, "%s: block %p (size %" PRIu32 ") corrupted\n", prog, (const void *)p, n);
     _exit(1);
+}
+
+/* A block of n bytes that should hold `tag` throughout: a byte per page and
+ * the last one are checked; a failure ends the process with a line naming
+ * `prog`. */
+static inline void bench_check_pages(const char *prog, const unsigned char *p, uint64_t n,
+                                     unsigned char tag) {
+    for (uint64_t i = 0; i < n; i += 4096)
+        if (p[i] != tag) goto bad;
+    if (p[n - 1] == tag) return;
+bad:
+    fprintf(stderr, "%s: block %p (size %" PRIu64 ") corrupted\n", prog, (const void *)p, n);
+    exit(1);
 }
 
 /* The lines bench/run.sh reads: throughput of `ops` in `elapsed` seconds,

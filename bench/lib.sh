@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Helpers sourced by bench/run.sh, bench/syscalls.sh and bench/instr.sh.
+# Helpers sourced by bench/run.sh, bench/syscalls.sh, bench/instr.sh and bench/real.sh.
 
 # Print the path of a shared library: ldconfig's cache first, then the files of
 # the Debian package, then the usual multiarch directory.
@@ -28,6 +28,54 @@ allocator_so() {
     esac
     [ -n "$p" ] || return 1
     echo "$p"
+}
+
+# Fill allocs (the allocators to run, in order), SO[name] (the library to
+# LD_PRELOAD; empty for glibc) and skipped (those left out, and why) from
+# $ALLOCATORS (names allocator_so knows, space- or comma-separated) and
+# $BENCH_EXTRA ("NAME=PATH ..."). The caller declares `declare -A SO=()`.
+# Exits 2 on an unknown name, a malformed or repeated entry, or when none is
+# left; $1 names the calling script in messages.
+pick_allocators() {
+    local prog=$1 a so rc e
+    allocs=()
+    skipped=()
+    for a in ${ALLOCATORS//,/ }; do
+        rc=0
+        so=$(allocator_so "$a") || rc=$?
+        if [ $rc -eq 2 ]; then
+            echo "$prog: unknown allocator '$a' (known: glibc hakmem mimalloc jemalloc)" >&2
+            exit 2
+        elif [ $rc -ne 0 ]; then
+            echo "$prog: WARNING: no library for $a (not built, or run bench/deps.sh); skipping it" >&2
+            skipped+=("$a (no library)")
+            continue
+        fi
+        SO[$a]=$so
+        allocs+=("$a")
+    done
+    for e in ${BENCH_EXTRA:-}; do
+        a=${e%%=*} so=${e#*=}
+        if [[ $e != *=* || -z $a || ! $a =~ ^[A-Za-z0-9_.-]+$ ]]; then
+            echo "$prog: BENCH_EXTRA entries are NAME=PATH (got '$e')" >&2
+            exit 2
+        fi
+        if [ -n "${SO[$a]+x}" ]; then
+            echo "$prog: BENCH_EXTRA: allocator '$a' given twice" >&2
+            exit 2
+        fi
+        if ! [ -r "$so" ]; then
+            echo "$prog: WARNING: BENCH_EXTRA $a: $so not readable; skipping $a" >&2
+            skipped+=("$a (no $so)")
+            continue
+        fi
+        SO[$a]=$(realpath "$so")
+        allocs+=("$a")
+    done
+    if [ "${#allocs[@]}" -eq 0 ]; then
+        echo "$prog: no allocator to run" >&2
+        exit 2
+    fi
 }
 
 # Fill the arrays wl_names and wl_specs from the caller's workload_table (one

@@ -37,23 +37,7 @@ for t in git gcc python3 /usr/bin/time; do
 done
 
 declare -A SO=()
-allocs=()
-for a in $ALLOCATORS; do
-    rc=0
-    SO[$a]=$(allocator_so "$a") || rc=$?
-    if [ $rc -eq 2 ]; then
-        echo "bench/real.sh: unknown allocator '$a' (known: glibc hakmem mimalloc jemalloc)" >&2
-        exit 2
-    elif [ $rc -ne 0 ]; then
-        echo "bench/real.sh: WARNING: no library for $a; skipping it" >&2
-        continue
-    fi
-    allocs+=("$a")
-done
-for e in ${BENCH_EXTRA:-}; do
-    SO[${e%%=*}]=$(realpath "${e#*=}")
-    allocs+=("${e%%=*}")
-done
+pick_allocators bench/real.sh
 
 rm -rf "$OUT"
 mkdir -p "$OUT"

@@ -110,80 +110,32 @@ mapfile -t bins < <(printf '%s\n' "${bins[@]}" | sort -u)
 make --no-print-directory -s "${bins[@]}"
 
 # ---- allocators ---------------------------------------------------------------
-# find_lib SONAME PACKAGE (bench/lib.sh, sourced above): path of an allocator library
+# pick_allocators (bench/lib.sh, sourced above): the allocators to run and their libraries
 
 pkg_version() { dpkg-query -W -f '${Version}' "$1" 2>/dev/null || echo unknown; }
 
 declare -A SO=() VER=()
-allocs=()
-skipped=()
-for a in ${ALLOCATORS//,/ }; do
-    so=""
+pick_allocators bench/run.sh
+for a in "${allocs[@]}"; do
     case $a in
-    glibc)
-        VER[$a]="glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
-        ;;
+    glibc) VER[$a]="glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')" ;;
     hakmem)
-        if [ -r "$HAKMEM_SO" ]; then
-            so=$(realpath "$HAKMEM_SO")
-        else
-            echo "bench/run.sh: WARNING: $HAKMEM_SO not found (library not built?); skipping hakmem" >&2
-            skipped+=("hakmem (no $HAKMEM_SO)")
-            continue
-        fi
         v=$(sed -n 's/^VERSION *:= *//p' Makefile)
         rev=$(git rev-parse --short HEAD 2>/dev/null || echo "no commit")
         if [ -n "$(git status --porcelain -- core include Makefile 2>/dev/null)" ]; then
             rev="$rev+dirty"
         fi
-        VER[$a]="hakmem ${v:-?} ($rev, built $(date -r "$so" '+%F %T'))"
+        VER[$a]="hakmem ${v:-?} ($rev, built $(date -r "${SO[$a]}" '+%F %T'))"
         ;;
     mimalloc | jemalloc)
-        if [ "$a" = mimalloc ]; then
-            soname=libmimalloc.so.2 pkg=libmimalloc2.0
-        else
-            soname=libjemalloc.so.2 pkg=libjemalloc2
-        fi
-        so=$(find_lib $soname $pkg)
-        if [ -z "$so" ]; then
-            echo "bench/run.sh: WARNING: $soname not found (run bench/deps.sh); skipping $a" >&2
-            skipped+=("$a (no $soname)")
-            continue
-        fi
-        owner=$(dpkg -S "$(realpath "$so")" 2>/dev/null | cut -d: -f1 | head -1)
+        pkg=libmimalloc2.0
+        [ "$a" = jemalloc ] && pkg=libjemalloc2
+        owner=$(dpkg -S "$(realpath "${SO[$a]}")" 2>/dev/null | cut -d: -f1 | head -1)
         VER[$a]="$a $(pkg_version "${owner:-$pkg}")"
         ;;
-    *)
-        echo "bench/run.sh: unknown allocator '$a' (known: glibc hakmem mimalloc jemalloc)" >&2
-        exit 2
-        ;;
+    *) VER[$a]="$a ($(basename "${SO[$a]}"))" ;; # BENCH_EXTRA
     esac
-    SO[$a]=$so
-    allocs+=("$a")
 done
-for e in ${BENCH_EXTRA:-}; do
-    a=${e%%=*} so=${e#*=}
-    if [[ $e != *=* || -z $a || ! $a =~ ^[A-Za-z0-9_.-]+$ ]]; then
-        echo "bench/run.sh: BENCH_EXTRA entries are NAME=PATH (got '$e')" >&2
-        exit 2
-    fi
-    if [ -n "${SO[$a]+x}" ]; then
-        echo "bench/run.sh: BENCH_EXTRA: allocator '$a' given twice" >&2
-        exit 2
-    fi
-    if ! [ -r "$so" ]; then
-        echo "bench/run.sh: WARNING: BENCH_EXTRA $a: $so not readable; skipping $a" >&2
-        skipped+=("$a (no $so)")
-        continue
-    fi
-    SO[$a]=$(realpath "$so")
-    VER[$a]="$a ($(basename "$so"))"
-    allocs+=("$a")
-done
-if [ "${#allocs[@]}" -eq 0 ]; then
-    echo "bench/run.sh: no allocator to run" >&2
-    exit 2
-fi
 
 mkdir -p "$OUT/logs"
 rm -f "$OUT"/logs/*.log

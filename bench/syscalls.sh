@@ -3,6 +3,7 @@
 #
 # usage: bench/syscalls.sh       (from the repo root; `make bench-syscalls` calls it)
 # env:   ALLOCATORS="glibc hakmem mimalloc jemalloc"   subset/order to run
+#        BENCH_EXTRA="NAME=PATH ..."  more allocators (as bench/run.sh)
 #        WORKLOADS=REGEX         only workloads whose name matches (grep -E)
 #        HAKMEM_SO=path          hakmem library (default out/release/libhakmem.so)
 #        SYSCALLS_TIMEOUT=300    seconds before a single traced run is killed
@@ -78,7 +79,7 @@ mapfile -t bins < <(printf '%s\n' "${bins[@]}" | sort -u)
 make --no-print-directory -s "${bins[@]}"
 
 # ---- allocators ---------------------------------------------------------------
-# find_lib SONAME PACKAGE (bench/lib.sh, sourced above): path of an allocator library
+# pick_allocators (bench/lib.sh, sourced above): the allocators to run and their libraries
 
 mkdir -p "$DIR"
 rm -f "$DIR"/*.log "$DIR"/*.strace
@@ -97,29 +98,15 @@ interposes() {
 }
 
 declare -A SO=() BROKEN=()
-allocs=()
-for a in ${ALLOCATORS//,/ }; do
-    rc=0
-    so=$(allocator_so "$a") || rc=$?
-    if [ $rc -eq 2 ]; then
-        echo "bench/syscalls.sh: unknown allocator '$a' (known: glibc hakmem mimalloc jemalloc)" >&2
-        exit 2
-    elif [ $rc -ne 0 ]; then
-        echo "bench/syscalls.sh: WARNING: no library for $a (not built, or run bench/deps.sh); skipping it" >&2
-        continue
-    fi
+pick_allocators bench/syscalls.sh
+for a in "${allocs[@]}"; do
+    so=${SO[$a]}
     if [ -n "$so" ] && ! interposes "$so" "$a"; then
         echo "bench/syscalls.sh: ERROR: preloading $so does not replace malloc/free" \
             "(see $DIR/preflight.$a.log); all $a rows count as FAILED" >&2
         BROKEN[$a]="malloc/free not interposed by $so"
     fi
-    SO[$a]=$so
-    allocs+=("$a")
 done
-if [ "${#allocs[@]}" -eq 0 ]; then
-    echo "bench/syscalls.sh: no allocator to run" >&2
-    exit 2
-fi
 
 # ---- runs ---------------------------------------------------------------------
 # count FILE CALL: the calls column of CALL in strace -c's summary (0 if absent).
