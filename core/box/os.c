@@ -34,6 +34,7 @@ static const char *const os_site_names[OS_NSITES] = {
     [OS_SITE_MUNMAP] = "munmap",
     [OS_SITE_DECOMMIT] = "decommit madvise",
     [OS_SITE_HUGEPAGES] = "hugepages madvise",
+    [OS_SITE_POPULATE] = "populate madvise",
     [OS_SITE_RESERVE_PROBE] = "reserve lock-probe madvise",
     [OS_SITE_RESERVE_UNLOCK] = "reserve munlock",
     [OS_SITE_RESERVE_AT] = "reserve-at mmap",
@@ -133,6 +134,24 @@ bool os_decommit(void *p, size_t size) {
     os_count(OS_MADVISE);
     /* EINVAL on locked pages */
     bool ok = !os_fault(OS_SITE_DECOMMIT) && madvise(p, size, MADV_DONTNEED) == 0;
+    errno = saved;
+    return ok;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; glibc 2.36's headers may lack it */
+#endif
+static _Atomic bool os_no_populate; /* the kernel said EINVAL: it has no such advice */
+
+bool os_populate(void *p, size_t size) {
+    if (atomic_load_explicit(&os_no_populate, memory_order_relaxed)) return false;
+    int saved = errno; /* a refusal is no failure of the caller */
+    os_count(OS_MADVISE);
+    bool ok = !os_fault(OS_SITE_POPULATE) && madvise(p, size, MADV_POPULATE_WRITE) == 0;
+    /* (EINVAL for an unaligned range would be the caller's bug, not the
+     * kernel's lack: not taken as the latter.) */
+    if (!ok && errno == EINVAL && ((uintptr_t)p | size) % HAK_PAGE_SIZE == 0)
+        atomic_store_explicit(&os_no_populate, true, memory_order_relaxed);
     errno = saved;
     return ok;
 }

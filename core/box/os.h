@@ -23,6 +23,14 @@ bool os_decommit(void *p, size_t size);
 /* Ask for transparent huge pages on [p, p+size); false when the kernel
  * refuses (THP off or unsupported), which changes nothing else. */
 bool os_hugepages(void *p, size_t size);
+/* Make the pages of [p, p+size) (both page multiples) resident and
+ * writable in one call, where touching them would take a page fault each
+ * (each costs a trip into the kernel; in a virtual machine, many
+ * microseconds). false when the kernel cannot (before Linux 5.14, which says
+ * EINVAL for a well-formed range: then never asked again) or has no memory
+ * for them, which changes nothing else: they fault in when touched. errno is
+ * left alone. */
+bool os_populate(void *p, size_t size);
 /* Grow or shrink a mapping where it stands; false when the range beyond it
  * is taken (the mapping is then untouched). */
 bool os_resize(void *p, size_t old_size, size_t new_size);
@@ -85,6 +93,7 @@ enum os_site {
     OS_SITE_MUNMAP,          /* os_unmap */
     OS_SITE_DECOMMIT,        /* os_decommit: madvise MADV_DONTNEED */
     OS_SITE_HUGEPAGES,       /* os_hugepages: madvise MADV_HUGEPAGE */
+    OS_SITE_POPULATE,        /* os_populate: madvise MADV_POPULATE_WRITE */
     OS_SITE_RESERVE_PROBE,   /* lock detection without /proc: madvise */
     OS_SITE_RESERVE_UNLOCK,  /* a reservation under mlockall: munlock */
     OS_SITE_RESERVE_AT,      /* os_reserve_at: mmap at a hint */
