@@ -155,6 +155,14 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
         if (n > page) n = page;
         if (n == 0) return 0;
         uint8_t *b = first = ss_slab_base(s) + at;
+        /* A carve of two pages or more (blocks of 2 KiB and up): their pages
+         * come in with one call rather than a fault each as the links below
+         * are written (a fault costs ~12 us in a virtual machine). */
+        if ((size_t)n * s->size >= 2 * HAK_PAGE_SIZE) {
+            size_t lo = at & ~(HAK_PAGE_SIZE - 1);
+            size_t hi = hak_align_up(at + (size_t)n * s->size, HAK_PAGE_SIZE);
+            os_populate(ss_slab_base(s) + lo, hi - lo);
+        }
         for (uint32_t i = 1; i < n; i++, b += s->size)
             *(void **)b = b + s->size;
         *(void **)b = NULL;
