@@ -323,17 +323,14 @@ HAK_API void *hak_calloc(size_t nmemb, size_t size) {
     FRONT_TRY(p, p == NULL, front_calloc(nmemb, size));
     return p;
 }
+/* realloc's every way to fail ends in front_malloc (front_move), which
+ * makes the one retry itself: no FRONT_TRY, so a call that fails trims once,
+ * and a realloc in place is a tail call. */
 HAK_API void *hak_realloc(void *ptr, size_t size) {
-    void *q;
-    /* NULL for size 0 means ptr was freed: nothing to retry. */
-    FRONT_TRY(q, q == NULL && (size != 0 || ptr == NULL), front_realloc(ptr, size));
-    return q;
+    return front_realloc(ptr, size);
 }
 HAK_API void *hak_reallocarray(void *ptr, size_t nmemb, size_t size) {
-    void *q;
-    FRONT_TRY(q, q == NULL && ((nmemb != 0 && size != 0) || ptr == NULL),
-              front_reallocarray(ptr, nmemb, size));
-    return q;
+    return front_reallocarray(ptr, nmemb, size);
 }
 HAK_API int hak_posix_memalign(void **out, size_t alignment, size_t size) {
     int saved = errno;
