@@ -35,7 +35,7 @@ static int defaults(void **state) {
     unsetenv("HAKMEM_BIGCACHE_AGE_MS");
     unsetenv("HAKMEM_HUGEPAGES");
     hak_cfg.stats = false;
-    hak_cfg.bigcache_age_ms = 1000;
+    hak_cfg.bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT;
     hak_cfg.hugepages = true;
     hak_cfg.bigcache_bytes = (size_t)128 << 20;
     hak_cfg.pool_arena_mb_init = 1;
@@ -48,12 +48,12 @@ static void test_valid_values_taken(void **state) {
     char err[512];
     setenv("HAKMEM_STATS", "1", 1);
     setenv("HAKMEM_BIGCACHE_MB", "128", 1);
-    setenv("HAKMEM_BIGCACHE_AGE_MS", "250", 1);
+    setenv("HAKMEM_BIGCACHE_AGE_MS", "400", 1);
     setenv("HAKMEM_HUGEPAGES", "0", 1);
     load_capturing(err, sizeof err);
     assert_string_equal(err, "");
     assert_true(hak_cfg.stats);
-    assert_int_equal(hak_cfg.bigcache_age_ms, 250);
+    assert_int_equal(hak_cfg.bigcache_age_ms, 400);
     assert_false(hak_cfg.hugepages);
     assert_int_equal(hak_cfg.bigcache_bytes, (size_t)128 << 20);
 }
@@ -81,7 +81,7 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     load_capturing(err, sizeof err);
     assert_non_null(strstr(err, "HAKMEM_BIGCACHE_AGE_MS"));
     assert_non_null(strstr(err, "HAKMEM_HUGEPAGES"));
-    assert_int_equal(hak_cfg.bigcache_age_ms, 1000);
+    assert_int_equal(hak_cfg.bigcache_age_ms, HAK_CFG_AGE_MS_DEFAULT);
     assert_true(hak_cfg.hugepages); /* the default kept */
 }
 

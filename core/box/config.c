@@ -8,7 +8,7 @@
 struct hak_config hak_cfg = {
     .stats = false,
     .bigcache_bytes = (size_t)128 << 20,
-    .bigcache_age_ms = 1000,
+    .bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT,
     .hugepages = true,
     .ss_cache = 8,
     .pool_arena_mb_init = 1,
