@@ -163,9 +163,12 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
             size_t hi = hak_align_up(at + (size_t)n * s->size, HAK_PAGE_SIZE);
             os_populate(ss_slab_base(s) + lo, hi - lo);
         }
-        for (uint32_t i = 1; i < n; i++, b += s->size)
+        for (uint32_t i = 1; i < n; i++, b += s->size) {
             *(void **)b = b + s->size;
+            *tiny_free_mark(b) = s; /* free: a free() of it is a double free */
+        }
         *(void **)b = NULL;
+        *tiny_free_mark(b) = s;
         ss_set_carved(s, s->carved + n);
         ss_note_carved((size_t)n * s->size);
         tc_fill(cls, first, n);
@@ -251,7 +254,7 @@ void *tiny_alloc_slow(uint32_t cls) {
     }
     tiny_stat(cls, ST_REFILLS, 1);
     hak_tc.allocs[cls]++;
-    return tc_pop(cls);
+    return tiny_handed_out(tc_pop(cls));
 }
 
 /* Return n blocks of cls from the thread cache to their slabs. */
@@ -284,15 +287,19 @@ void tiny_free_slow(void *p, uint32_t cls) {
 }
 
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
+    /* A block of an EMPTY slot still marked free (its pages are readable
+     * whatever became of them) was freed before: say so, not just that the
+     * slot is not in use. */
+    if (hak_unlikely(*tiny_free_mark(p) == s)) diag_bad_pointer(fn, "double free", p);
     if (s->state != SS_ACTIVE) diag_bad_pointer(fn, "invalid pointer", p);
     /* Read all we need of the descriptor first: once p is on the remote list
      * the owner may drain it, give the slab back and the SuperSlab may be
      * unmapped. After the CAS only the heap (never unmapped) is touched. */
     uint32_t cls = s->cls;
     struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    *tiny_free_mark(p) = s;
     void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
     do {
-        if (hak_unlikely(old == p)) diag_bad_pointer(fn, "double free", p);
         *(void **)p = old;
     } while (!atomic_compare_exchange_weak_explicit(&s->remote, &old, p, memory_order_release,
                                                     memory_order_relaxed));

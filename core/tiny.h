@@ -24,11 +24,31 @@ void *tiny_alloc_slow(uint32_t cls);
 void tiny_free_slow(void *p, uint32_t cls);
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn);
 
+/* Double frees. A free block's second word holds the address of its slab's
+ * descriptor: written when the block is carved or freed, cleared when it is
+ * handed out. free finding it there is a double free, however many frees
+ * ago, by whichever thread, wherever the block went since (thread cache,
+ * slab free list, remote list). A program cannot hold that address (the
+ * descriptor is never handed out), so the word never matches by chance; it
+ * costs a store on each path (the smallest block, 16 bytes, has the word). */
+HAK_INLINE void **tiny_free_mark(void *p) {
+    return (void **)p + 1;
+}
+
+/* p leaves the tier for the program. */
+HAK_INLINE void *tiny_handed_out(void *p) {
+    *tiny_free_mark(p) = NULL;
+    return p;
+}
+
 /* A block of cls from this thread's cache; NULL when it has none
  * (tiny_alloc_slow then refills it). */
 HAK_INLINE void *tiny_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);
-    if (hak_likely(p != NULL)) hak_tc.allocs[cls]++;
+    if (hak_likely(p != NULL)) {
+        hak_tc.allocs[cls]++;
+        tiny_handed_out(p); /* (tc_pop read its first word: the line is here) */
+    }
     return p;
 }
 
@@ -40,9 +60,9 @@ HAK_INLINE void tiny_free(void *p, const char *fn) {
         tiny_free_remote(p, s, fn);
         return;
     }
+    if (hak_unlikely(*tiny_free_mark(p) == s)) return diag_reject(fn, "double free", p);
+    *tiny_free_mark(p) = s;
     uint32_t cls = s->cls;
-    /* The cheapest double-free check: the block freed last in this class. */
-    if (hak_unlikely(hak_tc.head[cls] == p)) return diag_reject(fn, "double free", p);
     if (hak_unlikely(!tc_push(cls, p))) tiny_free_slow(p, cls);
 }
 
@@ -50,8 +70,10 @@ HAK_INLINE void tiny_free(void *p, const char *fn) {
  * not a block. */
 HAK_INLINE size_t tiny_usable_size(const void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
-    /* An EMPTY slab keeps its carved count; its blocks are all free. */
-    if (!ss_is_block(s, p) || s->state != SS_ACTIVE) diag_bad_pointer(fn, "invalid pointer", p);
+    /* An EMPTY slab keeps its carved count; its blocks are all free. So is
+     * a block marked free in a slab still in use. */
+    if (!ss_is_block(s, p) || s->state != SS_ACTIVE || *tiny_free_mark((void *)p) == s)
+        diag_bad_pointer(fn, "invalid pointer", p);
     return s->size;
 }
 

@@ -25,10 +25,10 @@
  * pointers") is generated; everything else is skipped:
  *   - a pointer that is the start of a live block is valid;
  *   - a pointer inside a live block (its usable size) is an invalid pointer;
- *   - in the SuperSlab range (Tiny and small-mid), the start of any carved
- *     block is skipped (Tiny keeps no per-block state: freed blocks are not
- *     caught), except the immediate double free of a live block by one
- *     thread (free, free_sized, free_aligned_sized), which is;
+ *   - in the SuperSlab range (Tiny and small-mid), the start of a carved
+ *     block that is not live is free (marked so in its second word) or in a
+ *     slot given back: the call must abort, realloc and malloc_usable_size
+ *     saying "invalid pointer", the free calls either word;
  *   - anywhere else the call must abort; the word may be either ("double
  *     free" for a block that is still free where it was, "invalid pointer"
  *     once its memory was given back or re-carved).
@@ -51,7 +51,8 @@
 #define BAD_TIMEOUT_MS 5000
 
 enum bad_case { C_INTERIOR, C_FOREIGN, C_FREED, C_DOUBLE, C_XTHREAD, C_NEAR, C_N };
-static const char *const case_name[] = {"interior", "foreign", "freed", "double", "xthread", "near"};
+static const char *const case_name[] = {"interior", "foreign", "freed",
+                                        "double",   "xthread", "near"};
 
 enum bad_fn { B_FREE, B_FREE_SIZED, B_FREE_ALIGNED_SIZED, B_REALLOC, B_USABLE, B_N };
 static const char *const bad_fn_name[] = {"free", "free_sized", "free_aligned_sized", "realloc",
@@ -64,17 +65,17 @@ static const char *const bad_fn_name[] = {"free", "free_sized", "free_aligned_si
 struct bad {
     enum bad_case kind;
     enum bad_fn fn;
-    uint8_t *q;           /* the bad pointer */
-    size_t size, align;   /* free_sized / free_aligned_sized arguments */
-    size_t realloc_n;     /* realloc's size */
-    bool prefree;         /* the child first frees q (valid), then the bad call */
-    const char *word;     /* required word, or NULL: either */
-    const char *ideal;    /* the word expected in strict mode */
-    bool worker;          /* the bad call comes from the worker */
-    int foreign;          /* sub-kind of C_FOREIGN */
+    uint8_t *q;         /* the bad pointer */
+    size_t size, align; /* free_sized / free_aligned_sized arguments */
+    size_t realloc_n;   /* realloc's size */
+    bool prefree;       /* the child first frees q (valid), then the bad call */
+    const char *word;   /* required word, or NULL: either */
+    const char *ideal;  /* the word expected in strict mode */
+    bool worker;        /* the bad call comes from the worker */
+    int foreign;        /* sub-kind of C_FOREIGN */
     int pipe_w;
     pid_t pid;
-    const char *what;     /* description for reports */
+    const char *what; /* description for reports */
 };
 
 static struct bad g_bad;
@@ -105,7 +106,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 /* ---- the child -------------------------------------------------------------------- */
 
 static _Noreturn void bad_child(struct bad *b) {
-    static const int sigs[] = {SIGABRT, SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGALRM, SIGTRAP,
+    static const int sigs[] = {SIGABRT, SIGSEGV, SIGBUS,  SIGILL,  SIGFPE,  SIGALRM, SIGTRAP,
                                SIGTERM, SIGINT,  SIGUSR1, SIGUSR2, SIGXFSZ, SIGSYS};
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -258,8 +259,8 @@ static void bad_run(struct fz *m, struct bad *b) {
         if (strcmp(out, ideal) != 0) {
             bp_word_other++;
             if (bp_strict)
-                fz_fail(m, "strict: case '%s' (%s): got %s expected %s", case_name[b->kind], b->what,
-                        out, ideal);
+                fz_fail(m, "strict: case '%s' (%s): got %s expected %s", case_name[b->kind],
+                        b->what, out, ideal);
         }
     }
 }
@@ -267,10 +268,10 @@ static void bad_run(struct fz *m, struct bad *b) {
 /* ---- choosing the case -------------------------------------------------------------- */
 
 /* Index of the n-th live slot (n taken modulo their count), or -1. */
-static int pick_live(struct fz *m, unsigned n, bool no_tiny) {
+static int pick_live(struct fz *m, unsigned n) {
     int live[FZ_MAX_SLOTS], k = 0;
     for (int i = 0; i < m->nslots; i++)
-        if (m->s[i].p && !(no_tiny && ss_contains(m->s[i].p))) live[k++] = i;
+        if (m->s[i].p) live[k++] = i;
     return k ? live[n % (unsigned)k] : -1;
 }
 
@@ -293,8 +294,16 @@ static enum where classify(struct fz *m, const uint8_t *q) {
 static bool expect_for(struct fz *m, struct bad *b, bool freed_block, enum fz_tier was) {
     switch (classify(m, b->q)) {
     case AT_LIVE_START:
-    case SS_BLOCK:
         return false;
+    case SS_BLOCK:
+        /* Marked free, or in a slot given back (not ACTIVE). */
+        if ((b->fn == B_REALLOC && b->realloc_n != 0) || b->fn == B_USABLE) {
+            b->word = W_INVALID;
+        } else {
+            b->word = NULL;
+            b->ideal = W_DOUBLE;
+        }
+        return true;
     case IN_LIVE:
     case SS_OTHER:
         b->word = W_INVALID;
@@ -352,7 +361,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     switch (b->kind) {
     case C_INTERIOR: {
-        int s = pick_live(&m, htarget, false);
+        int s = pick_live(&m, htarget);
         if (s < 0 || m.s[s].usable < 2) break;
         const struct fz_blk *blk = &m.s[s];
         size_t k = 1 + off % (blk->usable - 1);
@@ -389,7 +398,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         case 3:
             mapped_len = FZ_PAGE;
-            mapped = mmap(NULL, mapped_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            mapped =
+                mmap(NULL, mapped_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (mapped == MAP_FAILED) {
                 mapped = NULL;
                 run = false;
@@ -403,9 +413,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             snprintf(what, sizeof what, "NULL + small");
             break;
         case 5: {
-            static const uintptr_t nc[] = {(uintptr_t)1 << 47, ((uintptr_t)1 << 47) + 0x10000,
+            static const uintptr_t nc[] = {(uintptr_t)1 << 47,    ((uintptr_t)1 << 47) + 0x10000,
                                            0xffff800000001000ull, 0xdead000000000000ull,
-                                           (uintptr_t)-16, 0x00007ffffffff000ull};
+                                           (uintptr_t)-16,        0x00007ffffffff000ull};
             b->q = (uint8_t *)nc[off % (sizeof nc / sizeof nc[0])];
             snprintf(what, sizeof what, "non-canonical or kernel address");
             break;
@@ -427,7 +437,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 break;
             }
             b->q = (uint8_t *)mapped + 16 * (off % 256);
-            snprintf(what, sizeof what, "page after slot %d's Large mapping %p", s, (void *)m.s[s].p);
+            snprintf(what, sizeof what, "page after slot %d's Large mapping %p", s,
+                     (void *)m.s[s].p);
             run = classify(&m, b->q) == ELSEWHERE;
             break;
         }
@@ -436,8 +447,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 run = false;
                 break;
             }
-            uintptr_t a = (flags & 0x80) ? ss_range_base + ss_range_span - 2 * FZ_MiB
-                                         : ss_range_base;
+            uintptr_t a =
+                (flags & 0x80) ? ss_range_base + ss_range_span - 2 * FZ_MiB : ss_range_base;
             b->q = (uint8_t *)a + 16 * (uintptr_t)off;
             snprintf(what, sizeof what, "SuperSlab range %s + %u",
                      (flags & 0x80) ? "end - 2 MiB" : "base", 16u * off);
@@ -459,7 +470,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
     }
     case C_DOUBLE: {
-        int s = pick_live(&m, htarget, false);
+        int s = pick_live(&m, htarget);
         if (s < 0) break;
         const struct fz_blk *blk = &m.s[s];
         b->q = blk->p;
@@ -470,9 +481,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                  blk->req);
         run = true;
         if (ss_contains(blk->p)) {
-            /* Tiny: caught when it is the block freed last by this thread. */
-            if (b->fn == B_REALLOC || b->fn == B_USABLE) b->fn = B_FREE;
-            b->word = W_DOUBLE;
+            /* Tiny: the block is marked free (tests/test_double_free.c). */
+            b->word = (b->fn == B_REALLOC && b->realloc_n != 0) || b->fn == B_USABLE ? W_INVALID
+                                                                                     : W_DOUBLE;
         } else {
             b->word = NULL;
             b->ideal = (b->fn == B_REALLOC && b->realloc_n != 0) || b->fn == B_USABLE ? W_INVALID
@@ -482,7 +493,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
     }
     case C_XTHREAD: {
-        int s = pick_live(&m, htarget, true);
+        int s = pick_live(&m, htarget);
         if (s < 0) break;
         struct fz_blk blk = m.s[s];
         b->q = blk.p;
@@ -496,12 +507,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         break;
     }
     case C_NEAR: {
-        int s = pick_live(&m, htarget, false);
+        int s = pick_live(&m, htarget);
         if (s < 0) break;
         const struct fz_blk *blk = &m.s[s];
         int16_t k = (int16_t)off;
-        uintptr_t base = (flags & 2) ? (uintptr_t)blk->p & ~(uintptr_t)(2 * FZ_MiB - 1)
-                                     : (uintptr_t)blk->p;
+        uintptr_t base =
+            (flags & 2) ? (uintptr_t)blk->p & ~(uintptr_t)(2 * FZ_MiB - 1) : (uintptr_t)blk->p;
         b->q = (uint8_t *)(base + (uintptr_t)((intptr_t)k * 16));
         snprintf(what, sizeof what, "%s of slot %d %p (%s) %+d*16",
                  (flags & 2) ? "region base" : "start", s, (void *)blk->p, fz_tier_name[blk->tier],
