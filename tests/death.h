@@ -112,6 +112,16 @@ static inline void assert_aborted(const struct death *d) {
 }
 
 /* The child must abort, printing exactly `expected` and no other hakmem line. */
+/* fn(arg) must run to its end in a child: exit status 0, nothing on stderr. */
+static inline void expect_clean_exit(void (*fn)(void *), void *arg) {
+    struct death d;
+    run_child(fn, arg, &d);
+    assert_false(d.timedout);
+    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
+        fail_msg("valid use failed: status 0x%x; stderr: %s", d.status, d.err);
+    assert_int_equal(d.len, 0);
+}
+
 static inline void expect_death(void (*fn)(void *), void *arg, const char *expected) {
     struct death d;
     run_child(fn, arg, &d);

@@ -208,12 +208,7 @@ static void good_ops(void *arg) {
 
 static void test_valid_use_does_not_abort(void **state) {
     (void)state;
-    struct death d;
-    run_child(good_ops, NULL, &d);
-    assert_false(d.timedout);
-    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
-        fail_msg("valid operations failed: status 0x%x; stderr: %s", d.status, d.err);
-    assert_int_equal(d.len, 0);
+    expect_clean_exit(good_ops, NULL);
 }
 
 int main(void) {

@@ -228,12 +228,7 @@ static void child_reuse(void *arg) {
 
 static void test_reuse_is_no_double_free(void **state) {
     (void)state;
-    struct death d;
-    run_child(child_reuse, NULL, &d);
-    assert_false(d.timedout);
-    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
-        fail_msg("valid reuse failed: status 0x%x; stderr: %s", d.status, d.err);
-    assert_int_equal(d.len, 0);
+    expect_clean_exit(child_reuse, NULL);
 }
 
 int main(void) {
