@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
 
 /* The SuperSlab range (ss.h): the lower half of the arena (box/arena.h),
  * growing in place up to 128 GiB (64 Ki SuperSlabs). */
@@ -60,6 +61,11 @@ static void ss_unlink(struct superslab **head, struct superslab *ss) {
 }
 
 static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
+    /* What the old cut carved still holds its bytes (a purged slot carved
+     * none): among them the Tiny free marks, the descriptor's address, at the
+     * old block size's offsets. Left there, a new block whose program moved
+     * never-written bytes over its second word would read as free. */
+    memset(ss_slab_base(s), 0, (size_t)s->carved * s->size);
     atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size, memory_order_relaxed);
     s->free = NULL;
     atomic_store_explicit(&s->remote, NULL, memory_order_relaxed);
@@ -203,9 +209,11 @@ static void ss_retire(struct superslab *ss) {
     ss->unused_mask = SS_ALL_SLOTS;
     ss->nempty = 0;
     ss_st.retired++;
-    if (ss_st.cached < hak_cfg.ss_cache) {
-        /* Keep the header slot; give the 31 data slots' pages back. */
-        os_decommit((uint8_t *)ss + SS_SLOT_SIZE, SS_SIZE - SS_SLOT_SIZE);
+    /* Cached: the header slot kept, the 31 data slots' pages given back, so
+     * they are cut again from zeroes. Pages that cannot go (locked) would
+     * keep the old cuts' bytes and free marks: such a SuperSlab is unmapped. */
+    if (ss_st.cached < hak_cfg.ss_cache &&
+        os_decommit((uint8_t *)ss + SS_SLOT_SIZE, SS_SIZE - SS_SLOT_SIZE)) {
         ss_push(&ss_cache, ss);
         ss_st.cached++;
     } else {
