@@ -163,12 +163,11 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
             size_t hi = hak_align_up(at + (size_t)n * s->size, HAK_PAGE_SIZE);
             os_populate(ss_slab_base(s) + lo, hi - lo);
         }
-        for (uint32_t i = 1; i < n; i++, b += s->size) {
+        for (uint32_t i = 0; i < n; i++, b += s->size) {
             *(void **)b = b + s->size;
             *tiny_free_mark(b) = s; /* free: a free() of it is a double free */
         }
-        *(void **)b = NULL;
-        *tiny_free_mark(b) = s;
+        *(void **)(b - s->size) = NULL; /* the last one ends the chain */
         ss_set_carved(s, s->carved + n);
         ss_note_carved((size_t)n * s->size);
         tc_fill(cls, first, n);
@@ -290,14 +289,13 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
     /* A block of an EMPTY slot still marked free (its pages are readable
      * whatever became of them) was freed before: say so, not just that the
      * slot is not in use. */
-    if (hak_unlikely(*tiny_free_mark(p) == s)) diag_bad_pointer(fn, "double free", p);
+    if (hak_unlikely(tiny_mark_free(p, s))) diag_bad_pointer(fn, "double free", p);
     if (s->state != SS_ACTIVE) diag_bad_pointer(fn, "invalid pointer", p);
     /* Read all we need of the descriptor first: once p is on the remote list
      * the owner may drain it, give the slab back and the SuperSlab may be
      * unmapped. After the CAS only the heap (never unmapped) is touched. */
     uint32_t cls = s->cls;
     struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    *tiny_free_mark(p) = s;
     void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
     do {
         *(void **)p = old;

@@ -29,10 +29,19 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn);
  * handed out. free finding it there is a double free, however many frees
  * ago, by whichever thread, wherever the block went since (thread cache,
  * slab free list, remote list). A program cannot hold that address (the
- * descriptor is never handed out), so the word never matches by chance; it
- * costs a store on each path (the smallest block, 16 bytes, has the word). */
+ * descriptor is never handed out, and ss.c zeroes what an old cut left in a
+ * re-cut slot), so the word never matches by chance; it costs a store on
+ * each path (the smallest block, 16 bytes, has the word). */
 HAK_INLINE void **tiny_free_mark(void *p) {
     return (void **)p + 1;
+}
+
+/* Mark p, a block of slab s, free; true when it was already (a double free). */
+HAK_INLINE bool tiny_mark_free(void *p, struct ss_slab *s) {
+    /* (Stored only when not: a compare with memory, then the store.) */
+    if (*tiny_free_mark(p) == s) return true;
+    *tiny_free_mark(p) = s;
+    return false;
 }
 
 /* p leaves the tier for the program. */
@@ -60,8 +69,7 @@ HAK_INLINE void tiny_free(void *p, const char *fn) {
         tiny_free_remote(p, s, fn);
         return;
     }
-    if (hak_unlikely(*tiny_free_mark(p) == s)) return diag_reject(fn, "double free", p);
-    *tiny_free_mark(p) = s;
+    if (hak_unlikely(tiny_mark_free(p, s))) return diag_reject(fn, "double free", p);
     uint32_t cls = s->cls;
     if (hak_unlikely(!tc_push(cls, p))) tiny_free_slow(p, cls);
 }
