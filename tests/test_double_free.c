@@ -124,34 +124,21 @@ static void expect_double_free(void (*fn)(void *), const char *api) {
     }
 }
 
-static void test_at_once(void **state) {
-    (void)state;
-    expect_double_free(child_at_once, "free");
-}
+/* The ways a double free comes; one test each (its state: which). */
+struct way {
+    void (*child)(void *);
+    const char *api; /* the call the message names */
+};
+static const struct way at_once = {child_at_once, "free"},
+                        interleaved = {child_interleaved, "free"},
+                        delayed_past_the_cache = {child_delayed, "free"},
+                        remote_then_owner = {child_remote_then_owner, "free"},
+                        owner_then_remote = {child_owner_then_remote, "free"},
+                        sized = {child_sized, "free_sized"};
 
-static void test_interleaved(void **state) {
-    (void)state;
-    expect_double_free(child_interleaved, "free");
-}
-
-static void test_delayed_past_the_cache(void **state) {
-    (void)state;
-    expect_double_free(child_delayed, "free");
-}
-
-static void test_remote_then_owner(void **state) {
-    (void)state;
-    expect_double_free(child_remote_then_owner, "free");
-}
-
-static void test_owner_then_remote(void **state) {
-    (void)state;
-    expect_double_free(child_owner_then_remote, "free");
-}
-
-static void test_free_sized(void **state) {
-    (void)state;
-    expect_double_free(child_sized, "free_sized");
+static void test_double_free(void **state) {
+    const struct way *w = *state;
+    expect_double_free(w->child, w->api);
 }
 
 /* realloc and malloc_usable_size of a freed Tiny block (its slab still in
@@ -281,16 +268,20 @@ static void test_reuse_is_no_double_free(void **state) {
     expect_clean_exit(child_reuse, NULL);
 }
 
+/* A test of test_double_free, named after its way. */
+#define DOUBLE_FREE(way)                                                                           \
+    { "double_free_" #way, test_double_free, NULL, NULL, (void *)&(way) }
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recut_slot_keeps_no_free_marks),
         cmocka_unit_test(test_reuse_is_no_double_free),
-        cmocka_unit_test(test_at_once),
-        cmocka_unit_test(test_interleaved),
-        cmocka_unit_test(test_delayed_past_the_cache),
-        cmocka_unit_test(test_remote_then_owner),
-        cmocka_unit_test(test_owner_then_remote),
-        cmocka_unit_test(test_free_sized),
+        DOUBLE_FREE(at_once),
+        DOUBLE_FREE(interleaved),
+        DOUBLE_FREE(delayed_past_the_cache),
+        DOUBLE_FREE(remote_then_owner),
+        DOUBLE_FREE(owner_then_remote),
+        DOUBLE_FREE(sized),
         cmocka_unit_test(test_realloc_of_freed_tiny_block),
         cmocka_unit_test(test_usable_size_of_freed_tiny_block),
     };

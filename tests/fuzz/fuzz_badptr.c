@@ -289,6 +289,19 @@ static enum where classify(struct fz *m, const uint8_t *q) {
     return ELSEWHERE;
 }
 
+/* Whether the call looks the block up (realloc to a new size,
+ * malloc_usable_size: "invalid pointer" for a freed block) rather than
+ * freeing it again (the free calls, realloc(p, 0) among them: "double
+ * free"). */
+static bool looks_up(const struct bad *b) {
+    return (b->fn == B_REALLOC && b->realloc_n != 0) || b->fn == B_USABLE;
+}
+
+/* The word a call on a freed block gets. */
+static const char *freed_word(const struct bad *b) {
+    return looks_up(b) ? W_INVALID : W_DOUBLE;
+}
+
 /* Set b->word (and b->ideal) for a pointer that is no live block's start;
  * false: not a case hakmem promises to catch. */
 static bool expect_for(struct fz *m, struct bad *b, bool freed_block, enum fz_tier was) {
@@ -296,13 +309,10 @@ static bool expect_for(struct fz *m, struct bad *b, bool freed_block, enum fz_ti
     case AT_LIVE_START:
         return false;
     case SS_BLOCK:
-        /* Marked free, or in a slot given back (not ACTIVE). */
-        if ((b->fn == B_REALLOC && b->realloc_n != 0) || b->fn == B_USABLE) {
-            b->word = W_INVALID;
-        } else {
-            b->word = NULL;
-            b->ideal = W_DOUBLE;
-        }
+        /* Marked free, or in a slot given back (not ACTIVE): a free call
+         * may say either. */
+        b->ideal = freed_word(b);
+        b->word = looks_up(b) ? W_INVALID : NULL;
         return true;
     case IN_LIVE:
     case SS_OTHER:
@@ -314,11 +324,7 @@ static bool expect_for(struct fz *m, struct bad *b, bool freed_block, enum fz_ti
             return true;
         }
         b->word = NULL;
-        /* realloc(p, 0) frees p: the free path's word */
-        if ((b->fn == B_REALLOC && b->realloc_n != 0) || b->fn == B_USABLE)
-            b->ideal = W_INVALID;
-        else
-            b->ideal = W_DOUBLE;
+        b->ideal = freed_word(b);
         if (was == T_LARGE) b->ideal = NULL; /* documented: either, once unmapped */
         return true;
     }
@@ -482,12 +488,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         run = true;
         if (ss_contains(blk->p)) {
             /* Tiny: the block is marked free (tests/test_double_free.c). */
-            b->word = (b->fn == B_REALLOC && b->realloc_n != 0) || b->fn == B_USABLE ? W_INVALID
-                                                                                     : W_DOUBLE;
+            b->word = freed_word(b);
         } else {
             b->word = NULL;
-            b->ideal = (b->fn == B_REALLOC && b->realloc_n != 0) || b->fn == B_USABLE ? W_INVALID
-                                                                                      : W_DOUBLE;
+            b->ideal = freed_word(b);
             if (blk->tier == T_LARGE) b->ideal = NULL; /* documented: either, once unmapped */
         }
         break;
