@@ -78,7 +78,17 @@ out/tests/%: tests/%.c out/debug/libhakmem.a $(HDRS) $(wildcard tests/*.h)
 	@mkdir -p out/tests
 	$(CC) $(TEST_CFLAGS) $< -o $@ out/debug/libhakmem.a -lcmocka -pthread
 
+# The C++ operators' tests: C++, against the same library.
+out/tests/test_cxx: tests/test_cxx.cc out/debug/libhakmem.a $(HDRS) $(wildcard tests/*.h)
+	@mkdir -p out/tests
+	$(CXX) -std=c++17 -O1 -g -pthread -Wall -Wextra -Werror -fno-builtin -Iinclude -Icore \
+		-DHAK_DEBUG -DHAK_FAULT_INJECT $< -o $@ out/debug/libhakmem.a -lcmocka -pthread
+
 out/tests/cxx_prog: tests/real/cxx_prog.cpp
+	@mkdir -p out/tests
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror $< -o $@
+
+out/tests/cxx_replaced: tests/real/cxx_replaced.cpp
 	@mkdir -p out/tests
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror $< -o $@
 
@@ -115,7 +125,8 @@ out/fuzz/%: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.
 
 checked: $(UBSAN_TEST_BINS) $(TSAN_TEST_BINS) $(FUZZ_BINS)
 
-tests: release debug $(TEST_BINS) out/tests/cxx_prog out/tests/cxx_prog_linked checked
+tests: release debug $(TEST_BINS) out/tests/test_cxx out/tests/cxx_prog out/tests/cxx_prog_linked \
+	out/tests/cxx_replaced checked
 
 test:
 	@tests/deps.sh
@@ -187,7 +198,7 @@ install: release
 		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/hakmem.pc
 
 format:
-	clang-format -i $(SRCS) $(HDRS) $(TEST_SRCS) $(BENCH_SRCS)
+	clang-format -i $(SRCS) $(HDRS) $(TEST_SRCS) $(BENCH_SRCS) tests/test_cxx.cc tests/real/*.cpp
 
 clean:
 	rm -rf out

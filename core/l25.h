@@ -127,22 +127,30 @@ HAK_INLINE void *l25_alloc_fast(uint32_t cls) {
 HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
     struct l25_bundle *b = l25_bundle_of(e);
     int64_t i = l25_index(b, p);
-    if (hak_unlikely(i < 0)) return diag_reject(fn, "invalid pointer", p);
+    if (hak_unlikely(i < 0))
+        return diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_L25, small_class_size[b->cls]);
     uint64_t bit = (uint64_t)1 << (i & 63);
     uint64_t was = atomic_fetch_and_explicit(&b->live[i >> 6], ~bit, memory_order_relaxed);
-    if (hak_unlikely(!(was & bit))) return diag_reject(fn, "double free", p);
+    if (hak_unlikely(!(was & bit)))
+        return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_L25, small_class_size[b->cls]);
     uint32_t cls = b->cls;
     /* Other tiers' classes never enter the cache: those tiers cache their own. */
     if (hak_unlikely(cls < SMALL_FIRST || !tc_push(cls, p))) l25_free_slow(p, b, cls);
 }
 
-/* The class of p (RMAP_L25 entry e); aborts naming p unless p is live. */
-static inline uint32_t l25_class_of(const void *p, uint32_t e, const char *fn) {
+/* True when p (RMAP_L25 entry e) is a live block. */
+static inline bool l25_is_live(const void *p, uint32_t e) {
     struct l25_bundle *b = l25_bundle_of(e);
     int64_t i = l25_index(b, p);
-    if (i < 0 || !(atomic_load_explicit(&b->live[i >> 6], memory_order_relaxed) >> (i & 63) & 1))
-        diag_bad_pointer(fn, "invalid pointer", p);
-    return b->cls;
+    return i >= 0 && atomic_load_explicit(&b->live[i >> 6], memory_order_relaxed) >> (i & 63) & 1;
+}
+
+/* The class of p (RMAP_L25 entry e); aborts naming p unless p is live. */
+static inline uint32_t l25_class_of(const void *p, uint32_t e, const char *fn) {
+    uint32_t cls = l25_bundle_of(e)->cls;
+    if (!l25_is_live(p, e))
+        diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_L25, small_class_size[cls]);
+    return cls;
 }
 
 /* Return every block this thread caches to its bundle. */

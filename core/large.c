@@ -499,17 +499,33 @@ void *large_alloc_growing(size_t size) {
 /* p, whose header is h, is no live block: say what it is and abort. */
 __attribute__((noreturn, noinline, cold)) static void
 large_reject(const void *p, const struct large_hdr *h, const char *fn) {
-    if (h->magic == LARGE_FREE && h->user == p) diag_bad_pointer(fn, "double free", p);
-    diag_bad_pointer(fn, "invalid pointer", p);
+    if (h->magic == LARGE_FREE && h->user == p)
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_LARGE, h->req);
+    diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_LARGE, 0);
+}
+
+/* The header of the mapping p is in (region entry RMAP_LARGE). */
+HAK_INLINE struct large_hdr *large_mapping_of(const void *p, uint32_t entry) {
+    uintptr_t back = (uintptr_t)rmap_payload(entry) << HAK_REGION_SHIFT;
+    return (struct large_hdr *)(rmap_region_base(p) - back);
+}
+
+HAK_INLINE bool large_hdr_live(const struct large_hdr *h, const void *p) {
+    return h->magic == LARGE_LIVE && h->user == p;
 }
 
 /* The live header for p, or abort naming p. Inlined: realloc of a growing
  * buffer is this and a compare. */
 HAK_INLINE struct large_hdr *large_header(const void *p, uint32_t entry, const char *fn) {
-    uintptr_t back = (uintptr_t)rmap_payload(entry) << HAK_REGION_SHIFT;
-    struct large_hdr *h = (struct large_hdr *)(rmap_region_base(p) - back);
-    if (hak_unlikely(h->magic != LARGE_LIVE || h->user != p)) large_reject(p, h, fn);
+    struct large_hdr *h = large_mapping_of(p, entry);
+    if (hak_unlikely(!large_hdr_live(h, p))) large_reject(p, h, fn);
     return h;
+}
+
+bool large_is_live(const void *p, uint32_t entry, size_t *req) {
+    const struct large_hdr *h = large_mapping_of(p, entry);
+    *req = h->req;
+    return large_hdr_live(h, p);
 }
 
 void large_free(void *p, uint32_t entry, const char *fn) {

@@ -27,6 +27,9 @@ void *large_alloc_growing(size_t size);
 /* p's region entry said RMAP_LARGE; `fn` names the API call for errors. */
 void large_free(void *p, uint32_t entry, const char *fn);
 size_t large_usable_size(const void *p, uint32_t entry, const char *fn);
+/* True when p (region entry RMAP_LARGE) is a live block; *req is then the
+ * size last asked for it. */
+bool large_is_live(const void *p, uint32_t entry, size_t *req);
 /* Resize in place or by moving pages; NULL, errno and p untouched, when
  * neither works or n is a small tier's size that does not fit in place: the
  * caller then copies the block (into its class, or a new block). */

@@ -111,7 +111,8 @@ static void tiny_drain(struct ss_slab *s) {
     uint32_t n = 1;
     void *last = list;
     for (; *(void **)last; n++) {
-        if (hak_unlikely(n >= s->used)) diag_bad_pointer("free", "double free", *(void **)last);
+        if (hak_unlikely(n >= s->used))
+            diag_bad_pointer("free", DIAG_DOUBLE_FREE, *(void **)last, DIAG_TINY, s->size);
         last = *(void **)last;
     }
     *(void **)last = s->free;
@@ -289,8 +290,9 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
     /* A block of an EMPTY slot still marked free (its pages are readable
      * whatever became of them) was freed before: say so, not just that the
      * slot is not in use. */
-    if (hak_unlikely(tiny_mark_free(p, s))) diag_bad_pointer(fn, "double free", p);
-    if (s->state != SS_ACTIVE) diag_bad_pointer(fn, "invalid pointer", p);
+    if (hak_unlikely(tiny_mark_free(p, s)))
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
+    if (s->state != SS_ACTIVE) diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
     /* Read all we need of the descriptor first: once p is on the remote list
      * the owner may drain it, give the slab back and the SuperSlab may be
      * unmapped. After the CAS only the heap (never unmapped) is touched. */

@@ -64,24 +64,31 @@ HAK_INLINE void *tiny_alloc_fast(uint32_t cls) {
 /* Free p, a pointer into a SuperSlab; `fn` names the API call. */
 HAK_INLINE void tiny_free(void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
-    if (hak_unlikely(!ss_is_block(s, p))) return diag_reject(fn, "invalid pointer", p);
+    if (hak_unlikely(!ss_is_block(s, p)))
+        return diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
     if (hak_unlikely(atomic_load_explicit(&s->owner, memory_order_relaxed) != hak_tc.heap)) {
         tiny_free_remote(p, s, fn);
         return;
     }
-    if (hak_unlikely(tiny_mark_free(p, s))) return diag_reject(fn, "double free", p);
+    if (hak_unlikely(tiny_mark_free(p, s)))
+        return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
     uint32_t cls = s->cls;
     if (hak_unlikely(!tc_push(cls, p))) tiny_free_slow(p, cls);
 }
 
-/* Block size of p (a pointer into a SuperSlab); aborts naming p when it is
- * not a block. */
-HAK_INLINE size_t tiny_usable_size(const void *p, const char *fn) {
+/* True when p (a pointer into a SuperSlab) is a block held by the program. */
+HAK_INLINE bool tiny_is_live(const void *p) {
     struct ss_slab *s = ss_slab_of(p);
     /* An EMPTY slab keeps its carved count; its blocks are all free. So is
      * a block marked free in a slab still in use. */
-    if (!ss_is_block(s, p) || s->state != SS_ACTIVE || *tiny_free_mark((void *)p) == s)
-        diag_bad_pointer(fn, "invalid pointer", p);
+    return ss_is_block(s, p) && s->state == SS_ACTIVE && *tiny_free_mark((void *)p) != s;
+}
+
+/* Block size of p (a pointer into a SuperSlab); aborts naming p when it is
+ * not a live block. */
+HAK_INLINE size_t tiny_usable_size(const void *p, const char *fn) {
+    struct ss_slab *s = ss_slab_of(p);
+    if (!tiny_is_live(p)) diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
     return s->size;
 }
 

@@ -62,7 +62,7 @@ static void run_child(void (*fn)(void *), void *arg, struct death *d) {
             kill(pid, SIGKILL);
             break;
         }
-        struct pollfd p = {.fd = fd[0], .events = POLLIN};
+        struct pollfd p = {.fd = fd[0], .events = POLLIN, .revents = 0};
         int r = poll(&p, 1, (int)left);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) continue;
@@ -88,14 +88,19 @@ static void run_child(void (*fn)(void *), void *arg, struct death *d) {
     d->err[d->len] = 0;
 }
 
-/* Counts lines of d->err equal to `line`, and lines starting "hakmem:". */
+/* Counts lines of d->err that are `line`, alone or followed by a detail in
+ * parentheses (" (block of 32 bytes, tiny tier)"), and lines starting
+ * "hakmem:". */
 static inline void count_lines(const struct death *d, const char *line, int *exact, int *hakmem) {
     *exact = *hakmem = 0;
     const char *s = d->err;
+    size_t len = strlen(line);
     while (*s) {
         const char *e = strchr(s, '\n');
         size_t n = e ? (size_t)(e - s) : strlen(s);
-        if (n == strlen(line) && memcmp(s, line, n) == 0) (*exact)++;
+        if (n >= len && memcmp(s, line, len) == 0 &&
+            (n == len || (n > len + 2 && memcmp(s + len, " (", 2) == 0 && s[n - 1] == ')')))
+            (*exact)++;
         if (n >= 7 && memcmp(s, "hakmem:", 7) == 0) (*hakmem)++;
         s += n + (e != NULL);
     }

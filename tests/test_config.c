@@ -8,6 +8,7 @@
 
 #include "box/config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -34,7 +35,9 @@ static int defaults(void **state) {
     unsetenv("HAKMEM_POOL_ARENA_MB_MAX");
     unsetenv("HAKMEM_BIGCACHE_AGE_MS");
     unsetenv("HAKMEM_HUGEPAGES");
+    unsetenv("HAKMEM_BACKTRACE");
     hak_cfg.stats = false;
+    hak_cfg.backtrace = false;
     hak_cfg.bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT;
     hak_cfg.hugepages = true;
     hak_cfg.bigcache_bytes = (size_t)128 << 20;
@@ -50,8 +53,10 @@ static void test_valid_values_taken(void **state) {
     setenv("HAKMEM_BIGCACHE_MB", "128", 1);
     setenv("HAKMEM_BIGCACHE_AGE_MS", "400", 1);
     setenv("HAKMEM_HUGEPAGES", "0", 1);
+    setenv("HAKMEM_BACKTRACE", "1", 1);
     load_capturing(err, sizeof err);
     assert_string_equal(err, "");
+    assert_true(hak_cfg.backtrace);
     assert_true(hak_cfg.stats);
     assert_int_equal(hak_cfg.bigcache_age_ms, 400);
     assert_false(hak_cfg.hugepages);
@@ -112,11 +117,44 @@ static void test_pool_arena_sizes(void **state) {
     assert_int_equal(hak_cfg.pool_arena_mb_init, 1);
 }
 
-int main(void) {
+/* Settings are read even when the first malloc comes before libc has set
+ * up the environment: from a .preinit_array function, where sanitizer
+ * runtimes allocate. This binary allocates there; run again with a setting,
+ * it must see it. (Before the fix, the settings were read there, found
+ * empty, and never read again.) */
+static void allocate_early(int argc, char **argv, char **envp) {
+    (void)argc, (void)argv, (void)envp;
+    free(malloc(100));
+}
+__attribute__((section(".preinit_array"),
+               used)) static void (*const early)(int, char **, char **) = allocate_early;
+
+static void test_settings_read_after_preinit_malloc(void **state) {
+    (void)state;
+    char cmd[4200], self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = '\0';
+    snprintf(cmd, sizeof cmd, "HAKMEM_BIGCACHE_MB=7 '%s' --print-bigcache", self);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    unsigned long mb = 0;
+    assert_int_equal(fscanf(f, "%lu", &mb), 1);
+    assert_int_equal(pclose(f), 0);
+    assert_int_equal(mb, 7);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--print-bigcache") == 0) {
+        free(malloc(100));
+        printf("%zu\n", hak_cfg.bigcache_bytes >> 20);
+        return 0;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_valid_values_taken, defaults),
         cmocka_unit_test_setup(test_bad_values_warn_and_keep_default, defaults),
         cmocka_unit_test_setup(test_pool_arena_sizes, defaults),
+        cmocka_unit_test(test_settings_read_after_preinit_malloc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -975,7 +975,9 @@ static void test_double_free_after_flush(void **state) {
         void *p = NULL;
         char want[128];
         if (sscanf(d.err, "want %p\n", &p) != 1) fail_msg("no pointer from the child: %s", d.err);
-        int n = snprintf(want, sizeof want, "want %p\nhakmem: free(): double free %p\n", p, p);
+        int n = snprintf(want, sizeof want,
+                         "want %p\nhakmem: free(): double free %p (block of %u bytes, tiny tier)\n",
+                         p, p, small_class_size[classes[i]]);
         if ((size_t)n != d.len || strcmp(d.err, want) != 0)
             fail_msg("expected \"%s\"; stderr was:\n%s", want, d.err);
     }

@@ -1,5 +1,7 @@
 #include "box/diag.h"
 
+#include <execinfo.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -44,19 +46,103 @@ void diag_flush(struct diag_buf *b, int fd) {
     b->n = 0;
 }
 
-void diag_bad_pointer(const char *fn, const char *what, const void *p) {
+static const char *const diag_kinds[] = {
+    [DIAG_INVALID_POINTER] = "invalid pointer", [DIAG_DOUBLE_FREE] = "double free",
+    [DIAG_SIZE_MISMATCH] = "size mismatch",     [DIAG_HEAP_OVERFLOW] = "heap overflow",
+    [DIAG_HEAP_UNDERFLOW] = "heap underflow",   [DIAG_WRITE_AFTER_FREE] = "write after free",
+};
+static const char *const diag_tiers[] = {
+    [DIAG_NOWHERE] = "", [DIAG_TINY] = "tiny",   [DIAG_POOL] = "pool",
+    [DIAG_L25] = "L2.5", [DIAG_LARGE] = "large",
+};
+
+static bool diag_bt_armed;
+static _Atomic bool diag_reporting;
+
+void diag_arm_backtrace(void) {
+    void *frame[2];
+    backtrace(frame, 2); /* loads the unwinder now, while malloc works */
+    diag_bt_armed = true;
+}
+
+/* The detail in parentheses: what the kind needs, then the block. */
+static void diag_detail(struct diag_buf *b, const struct diag_bug *bug) {
+    if (bug->tier == DIAG_NOWHERE) {
+        diag_str(b, "not hakmem's memory");
+        return;
+    }
+    switch (bug->kind) {
+    case DIAG_INVALID_POINTER: /* no block starts there: say what the tier has */
+        diag_str(b, "in the ");
+        diag_str(b, diag_tiers[bug->tier]);
+        diag_str(b, " tier");
+        if (bug->block) {
+            diag_str(b, ", blocks of ");
+            diag_u64(b, bug->block);
+            diag_str(b, " bytes");
+        }
+        return;
+    case DIAG_SIZE_MISMATCH:
+        diag_str(b, "size ");
+        diag_u64(b, bug->given);
+        diag_str(b, " given, ");
+        break;
+    case DIAG_HEAP_OVERFLOW:
+        diag_str(b, "byte ");
+        diag_u64(b, bug->offset);
+        diag_str(b, " written, ");
+        diag_u64(b, bug->asked);
+        diag_str(b, " asked, ");
+        break;
+    case DIAG_HEAP_UNDERFLOW:
+        diag_str(b, "byte -");
+        diag_u64(b, bug->offset);
+        diag_str(b, " written, ");
+        break;
+    case DIAG_WRITE_AFTER_FREE:
+        diag_str(b, "byte ");
+        diag_u64(b, bug->offset);
+        diag_str(b, " written, ");
+        break;
+    case DIAG_DOUBLE_FREE:
+        break;
+    }
+    diag_str(b, "block of ");
+    diag_u64(b, bug->block);
+    diag_str(b, " bytes, ");
+    diag_str(b, diag_tiers[bug->tier]);
+    diag_str(b, " tier");
+}
+
+void diag_bug(const struct diag_bug *bug) {
     struct diag_buf b = {.n = 0};
     diag_str(&b, "hakmem: ");
-    diag_str(&b, fn);
+    diag_str(&b, bug->fn);
     diag_str(&b, "(): ");
-    diag_str(&b, what);
+    diag_str(&b, diag_kinds[bug->kind]);
     diag_str(&b, " ");
-    diag_hex(&b, (uintptr_t)p);
-    diag_str(&b, "\n");
+    diag_hex(&b, (uintptr_t)bug->p);
+    diag_str(&b, " (");
+    diag_detail(&b, bug);
+    diag_str(&b, ")\n");
     diag_flush(&b, 2);
+    /* Once only: the unwinder may itself trip over the heap this reports. */
+    if (diag_bt_armed && !atomic_exchange(&diag_reporting, true)) {
+        void *frame[64];
+        int n = backtrace(frame, 64);
+        diag_str(&b, "hakmem: backtrace:\n");
+        diag_flush(&b, 2);
+        backtrace_symbols_fd(frame + 1, n - 1, 2); /* (without this function) */
+    }
     abort();
 }
 
-void diag_reject(const char *fn, const char *what, const void *p) {
-    diag_bad_pointer(fn, what, p);
+void diag_bad_pointer(const char *fn, enum diag_kind kind, const void *p, enum diag_tier tier,
+                      size_t block) {
+    diag_bug(&(struct diag_bug){.fn = fn, .kind = kind, .p = p, .tier = tier, .block = block});
+}
+
+void diag_reject(const char *fn, enum diag_kind kind, const void *p, enum diag_tier tier,
+                 size_t block) {
+    diag_bad_pointer(fn, kind, p, tier, block);
 }

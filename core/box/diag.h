@@ -3,16 +3,54 @@
 #ifndef HAK_DIAG_H
 #define HAK_DIAG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* "hakmem: <fn>(): <what> 0x<ptr>" on stderr, then abort(). */
-_Noreturn void diag_bad_pointer(const char *fn, const char *what, const void *p);
+/* What a heap bug is... */
+enum diag_kind {
+    DIAG_INVALID_POINTER,
+    DIAG_DOUBLE_FREE,
+    DIAG_SIZE_MISMATCH,
+    DIAG_HEAP_OVERFLOW,
+    DIAG_HEAP_UNDERFLOW,
+    DIAG_WRITE_AFTER_FREE,
+};
+/* ... and where: the tier whose memory the pointer is in (DIAG_NOWHERE: no
+ * tier's). */
+enum diag_tier { DIAG_NOWHERE, DIAG_TINY, DIAG_POOL, DIAG_L25, DIAG_LARGE };
 
+/* One heap bug, as reported:
+ *   hakmem: <fn>(): <kind> <p> (<detail>, block of <block> bytes, <tier> tier)
+ * block: the block's size (for an invalid pointer, the size of the tier's
+ * blocks there), 0 when unknown. */
+struct diag_bug {
+    const char *fn; /* the API call: "free", "operator delete" */
+    enum diag_kind kind;
+    const void *p;
+    enum diag_tier tier;
+    size_t block;
+    size_t given;  /* size mismatch: the size the caller gave */
+    size_t offset; /* overflow, underflow, write after free: where, from p */
+    size_t asked;  /* overflow: the size the program asked for */
+};
+
+/* Print the report (and a backtrace when armed), then abort(). */
+_Noreturn void diag_bug(const struct diag_bug *bug);
+
+/* The common reports, with no detail beyond the block. */
+_Noreturn void diag_bad_pointer(const char *fn, enum diag_kind kind, const void *p,
+                                enum diag_tier tier, size_t block);
 /* The same, for hot paths: deliberately not declared noreturn, so a caller
  * can reach it with a tail jump and needs no stack frame of its own. It
  * never returns. */
-__attribute__((cold)) void diag_reject(const char *fn, const char *what, const void *p);
+__attribute__((cold)) void diag_reject(const char *fn, enum diag_kind kind, const void *p,
+                                       enum diag_tier tier, size_t block);
+
+/* HAKMEM_BACKTRACE: every report also prints the calls that led to it. Arms
+ * the unwinder now (it loads a library and allocates on first use), so call
+ * it where malloc works: not from inside the allocator. */
+void diag_arm_backtrace(void);
 
 /* A small append-only text buffer for building lines without stdio. */
 struct diag_buf {

@@ -22,18 +22,26 @@
 void free_sized(void *p, size_t size);
 void free_aligned_sized(void *p, size_t alignment, size_t size);
 
+/* The small class whose blocks serve n bytes aligned to `align` (a power of
+ * two above HAK_MIN_ALIGN); SMALL_NCLASSES when none does. */
+static uint32_t front_aligned_class(size_t align, size_t n) {
+    if (n > HAK_SMALL_MAX || align > HAK_SMALL_MAX) return SMALL_NCLASSES;
+    /* Tiny blocks and aligned L2.5 blocks sit at multiples of their size
+     * from a 2 MiB boundary, so a class whose size is a multiple of align
+     * gives aligned blocks; the power-of-two class at or above max(n, align)
+     * always is one. */
+    uint32_t cls = small_class_of(n > align ? n : align);
+    /* Pool blocks follow 16-byte headers: aligned only to 16. */
+    while ((cls >= POOL_FIRST && cls < POOL_END) || (small_class_size[cls] & (align - 1)))
+        cls++;
+    return cls;
+}
+
 /* A block of n bytes aligned to `align` (a power of two). */
 static void *front_aligned(size_t align, size_t n) {
     if (align <= HAK_MIN_ALIGN) return front_malloc(n);
-    if (n <= HAK_SMALL_MAX && align <= HAK_SMALL_MAX) {
-        /* Tiny blocks and aligned L2.5 blocks sit at multiples of their size
-         * from a 2 MiB boundary, so a class whose size is a multiple of align
-         * gives aligned blocks; the power-of-two class at or above
-         * max(n, align) always is one. */
-        uint32_t cls = small_class_of(n > align ? n : align);
-        /* Pool blocks follow 16-byte headers: aligned only to 16. */
-        while ((cls >= POOL_FIRST && cls < POOL_END) || (small_class_size[cls] & (align - 1)))
-            cls++;
+    uint32_t cls = front_aligned_class(align, n);
+    if (cls < SMALL_NCLASSES) {
         void *p;
         /* Coloured L2.5 blocks (one stride of size + 64 apart, sizes
          * multiples of 4 KiB) are 64-byte aligned; for more, uncoloured ones. */
@@ -70,9 +78,76 @@ static size_t front_usable_size(void *p) {
     case RMAP_LARGE:
         return large_usable_size(p, e, "malloc_usable_size");
     default:
-        if (p != NULL) diag_bad_pointer("malloc_usable_size", "invalid pointer", p);
+        if (p != NULL)
+            diag_bad_pointer("malloc_usable_size", DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
         return 0;
     }
+}
+
+void front_describe(const void *p, struct front_block *b) {
+    *b = (struct front_block){.tier = DIAG_NOWHERE};
+    if (ss_contains(p)) {
+        struct ss_slab *s = ss_slab_of(p);
+        *b = (struct front_block){DIAG_TINY, tiny_is_live(p), s->cls, s->size};
+        return;
+    }
+    uint32_t e = rmap_get(p);
+    int cls;
+    switch (rmap_kind_of(e)) {
+    case RMAP_POOL:
+        cls = pool_live_class(p, e);
+        b->tier = DIAG_POOL;
+        b->live = cls >= 0;
+        b->cls = cls >= 0 ? (uint32_t)cls : 0;
+        b->size = cls >= 0 ? small_class_size[cls] : 0;
+        return;
+    case RMAP_L25:
+        b->tier = DIAG_L25;
+        b->live = l25_is_live(p, e);
+        b->cls = l25_bundle_of(e)->cls;
+        b->size = small_class_size[b->cls];
+        return;
+    case RMAP_LARGE:
+        b->tier = DIAG_LARGE;
+        b->live = large_is_live(p, e, &b->size);
+        b->cls = SMALL_NCLASSES;
+        return;
+    default:
+        return;
+    }
+}
+
+/* Does a live block b serve a request of n bytes aligned to align (0: no
+ * alignment asked)? `exact`: see front_free_sized_slow. */
+static bool front_size_belongs(const struct front_block *b, size_t n, size_t align, bool exact) {
+    uint32_t cls = align > HAK_MIN_ALIGN ? front_aligned_class(align, n)
+                   : n <= HAK_SMALL_MAX  ? small_class_of(n)
+                                         : SMALL_NCLASSES;
+    /* A small block is Large when its tier had no memory (front_small_failed):
+     * it then asked for the class size. */
+    if (b->tier == DIAG_LARGE)
+        return b->size == n || (cls < SMALL_NCLASSES && b->size == small_class_size[cls]);
+    if (exact || align > HAK_MIN_ALIGN) return b->cls == cls;
+    /* realloc keeps a block that shrinks less than four classes down
+     * (front_realloc_class), and grows one within the L2.5 tier to a block
+     * for half as much again: at most three classes up. */
+    return cls <= b->cls && b->cls < cls + 4 && n <= b->size;
+}
+
+bool front_free_sized_slow(void *p, size_t n, size_t align, bool exact, const char *fn) {
+    if (p == NULL) return true;
+    struct front_block b;
+    front_describe(p, &b);
+    if (!b.live) return false;
+    if (hak_unlikely(!front_size_belongs(&b, n, align, exact)))
+        diag_bug(&(struct diag_bug){.fn = fn,
+                                    .kind = DIAG_SIZE_MISMATCH,
+                                    .p = p,
+                                    .tier = b.tier,
+                                    .block = b.size,
+                                    .given = n});
+    front_free(p, fn);
+    return true;
 }
 
 /* Move p's first `keep` bytes into a new block of n bytes. */
@@ -138,7 +213,7 @@ static void *front_realloc(void *p, size_t n) {
         return q ? q : front_move(p, large_usable_size(p, e, "realloc"), n);
     }
     default:
-        diag_bad_pointer("realloc", "invalid pointer", p);
+        diag_bad_pointer("realloc", DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
     }
 }
 
@@ -368,13 +443,15 @@ HAK_API void *hak_pvalloc(size_t size) {
 HAK_API size_t hak_malloc_usable_size(void *ptr) {
     return front_usable_size(ptr);
 }
+/* A size that does not belong to the block is reported (front_size_belongs);
+ * a pointer that is no live block, as free would. */
 HAK_API void hak_free_sized(void *ptr, size_t size) {
-    (void)size;
-    front_free(ptr, "free_sized");
+    if (hak_unlikely(!front_free_sized(ptr, size, false, "free_sized")))
+        front_free(ptr, "free_sized");
 }
 HAK_API void hak_free_aligned_sized(void *ptr, size_t alignment, size_t size) {
-    (void)alignment, (void)size;
-    front_free(ptr, "free_aligned_sized");
+    if (!front_free_sized_slow(ptr, size, alignment, false, "free_aligned_sized"))
+        front_free(ptr, "free_aligned_sized");
 }
 HAK_API int hak_malloc_trim(size_t pad) {
     (void)pad;

@@ -72,7 +72,36 @@ HAK_INLINE void front_free(void *p, const char *fn) {
         large_free(p, e, fn);
         return;
     }
-    if (p != NULL) diag_reject(fn, "invalid pointer", p);
+    if (p != NULL) diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
+}
+
+/* What hakmem knows of a pointer: for checks and reports. */
+struct front_block {
+    enum diag_tier tier; /* whose memory p is in; DIAG_NOWHERE: none's */
+    bool live;           /* p is a block held by the program */
+    uint32_t cls;        /* a small tier's: the class */
+    size_t size;         /* a small tier's: the class size; Large: the size last asked */
+};
+void front_describe(const void *p, struct front_block *b);
+
+/* free_sized and sized operator delete, when the fast path below could not
+ * tell p and n agree: free p if n belongs to it, report a size mismatch if
+ * not. `exact`: p was allocated for n bytes (aligned to align, 0 for none)
+ * and never resized, so its class is n's own; otherwise (free_sized)
+ * realloc may have shrunk it in place. False, with nothing done, when p is
+ * not a live block. */
+bool front_free_sized_slow(void *p, size_t n, size_t align, bool exact, const char *fn);
+
+/* Free p, which the caller says was allocated for n bytes (see above). */
+HAK_INLINE bool front_free_sized(void *p, size_t n, bool exact, const char *fn) {
+    /* (The descriptor of any pointer into the SuperSlab range can be read;
+     * tiny_free then checks that p starts a block.) */
+    if (hak_likely(ss_contains(p)) && hak_likely(n <= TINY_MAX) &&
+        hak_likely(ss_slab_of(p)->cls == small_class_of(n))) {
+        tiny_free(p, fn);
+        return true;
+    }
+    return front_free_sized_slow(p, n, 0, exact, fn);
 }
 
 #endif

@@ -2,6 +2,7 @@
 
 #include "box/arena.h"
 #include "box/config.h"
+#include "box/diag.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/stats.h"
@@ -15,6 +16,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <unistd.h>
 
 enum { LIFE_NEW, LIFE_STARTING, LIFE_READY };
 static _Atomic int life_state = LIFE_NEW;
@@ -76,6 +78,11 @@ static void life_fork_child(void) {
 void hak_init(void) {
     int s = LIFE_NEW;
     if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_NEW) return;
+    /* Called from a .preinit_array function (sanitizer runtimes allocate
+     * there), before libc has set up the environment: the settings are not
+     * readable yet. Start later (life_start at the latest); until then
+     * allocation works, without thread caches. */
+    if (environ == NULL) return;
     if (!atomic_compare_exchange_strong(&life_state, &s, LIFE_STARTING)) return;
     config_load();
     life_key_ok = pthread_key_create(&life_key, life_thread_exit) == 0;
@@ -99,6 +106,8 @@ bool life_thread_arm(void) {
 
 __attribute__((constructor)) static void life_start(void) {
     hak_init();
+    /* Here, not in hak_init: arming loads the unwinder, which allocates. */
+    if (hak_cfg.backtrace) diag_arm_backtrace();
 }
 
 __attribute__((destructor)) static void life_end(void) {

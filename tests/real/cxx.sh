@@ -3,6 +3,10 @@
 # same summary on glibc, under LD_PRELOAD=hakmem, and when linked with
 # -lhakmem (out/tests/cxx_prog_linked). The hakmem runs set
 # HAKMEM_EXPECT_LINKED=1 so the program itself checks hakmem is loaded.
+# Also: a program that replaced only the unsized operator new and delete
+# (out/tests/cxx_replaced) runs cleanly under hakmem's sized delete, and a C
+# program under LD_PRELOAD maps no C++ runtime (hakmem's operators reach it
+# by weak references only).
 set -euo pipefail
 NAME=cxx
 # shellcheck source=tests/real/lib.sh
@@ -12,7 +16,17 @@ PLAIN=$ROOT/out/tests/cxx_prog
 LINKED=$ROOT/out/tests/cxx_prog_linked
 [ -x "$PLAIN" ] || fail "$PLAIN missing (run make tests)"
 [ -x "$LINKED" ] || fail "$LINKED missing (run make tests)"
+REPLACED=$ROOT/out/tests/cxx_replaced
+[ -x "$REPLACED" ] || fail "$REPLACED missing (run make tests)"
 require_lib
+
+maps=$(LD_PRELOAD=$LIB cat /proc/self/maps)
+if grep -E 'libstdc\+\+|libc\+\+' <<<"$maps"; then fail "a C program under LD_PRELOAD maps a C++ runtime"; fi
+rc=0
+run_case hakmem "$TMP/replaced.out" "$TMP/replaced.err" 60 "$REPLACED" || rc=$?
+[ "$rc" -eq 0 ] || fail "replaced operators: $(describe_rc "$rc"): $(last_err "$TMP/replaced.err")"
+[ "$(cat "$TMP/replaced.out")" = ok ] || fail "replaced operators: $(cat "$TMP/replaced.out")"
+check_no_diag "$TMP/replaced.err"
 
 rc=0
 run_case plain "$TMP/plain.out" "$TMP/plain.err" 60 env -u HAKMEM_EXPECT_LINKED "$PLAIN" || rc=$?

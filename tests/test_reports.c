@@ -1,0 +1,257 @@
+/* What a report says: every detection prints one line naming the call, the
+ * kind, the pointer, then the block's size and tier (or where the pointer
+ * is), and aborts; HAKMEM_BACKTRACE=1 adds the calls that led there. And
+ * free_sized / free_aligned_sized: a size that does not belong to the block
+ * is reported, while every size a correct program can pass (after realloc
+ * shrank or grew the block) frees it. Each bad call runs in a fork()ed
+ * child (tests/death.h). */
+#include <dlfcn.h>
+#include <malloc.h>
+#include <stdbool.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "death.h"
+
+#define KiB ((size_t)1024)
+#define MiB (KiB * 1024)
+
+/* C23; glibc 2.36's headers do not declare them yet. */
+void free_sized(void *ptr, size_t size);
+void free_aligned_sized(void *ptr, size_t alignment, size_t size);
+
+/* One size per tier: Tiny, small-mid, Pool, L2.5, Large. */
+static const size_t sizes[] = {100, 3000, 20000, 200000, 3 * MiB};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
+static const char *tier_of(size_t n) {
+    return n <= 8 * KiB ? "tiny" : n <= 52 * KiB ? "pool" : n <= MiB ? "L2.5" : "large";
+}
+
+/* The block size a report gives: the class size, or for Large blocks the
+ * size asked. */
+static size_t block_of(void *p, size_t n) {
+    return n > MiB ? n : malloc_usable_size(p);
+}
+
+static void test_double_free_names_block_and_tier(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        void *p = malloc(sizes[i]);
+        char line[160];
+        snprintf(line, sizeof line, "hakmem: free(): double free %p (block of %zu bytes, %s tier)",
+                 p, block_of(p, sizes[i]), tier_of(sizes[i]));
+        expect_death(do_double_free, p, line);
+        free(p);
+    }
+}
+
+/* A pointer that starts no block says which tier's memory it is in (and
+ * the size of the blocks there, where the tier knows it). */
+static void test_invalid_pointer_says_where(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        char *p = malloc(sizes[i]);
+        char line[160];
+        size_t n = sizes[i];
+        if (n <= 8 * KiB || (n > 52 * KiB && n <= MiB))
+            snprintf(line, sizeof line,
+                     "hakmem: free(): invalid pointer %p (in the %s tier, blocks of %zu bytes)",
+                     (void *)(p + 8), tier_of(n), malloc_usable_size(p));
+        else
+            snprintf(line, sizeof line, "hakmem: free(): invalid pointer %p (in the %s tier)",
+                     (void *)(p + 8), tier_of(n));
+        expect_death(do_free, p + 8, line);
+        free(p);
+    }
+    static char global[64];
+    char line[160];
+    snprintf(line, sizeof line, "hakmem: free(): invalid pointer %p (not hakmem's memory)",
+             (void *)global);
+    expect_death(do_free, global, line);
+}
+
+/* ---- free_sized ----------------------------------------------------------- */
+
+struct sized {
+    void *p;
+    size_t n, align;
+};
+
+static void free_sized_child(void *arg) {
+    struct sized *s = arg;
+    size_t volatile n = s->n;
+    if (s->align)
+        free_aligned_sized(s->p, s->align, n);
+    else
+        free_sized(s->p, n);
+}
+
+static void expect_mismatch(const char *fn, void *p, size_t given, size_t block, const char *tier,
+                            size_t align) {
+    struct sized s = {p, given, align};
+    char line[192];
+    snprintf(line, sizeof line,
+             "hakmem: %s(): size mismatch %p (size %zu given, block of %zu bytes, %s tier)", fn, p,
+             given, block, tier);
+    expect_death(free_sized_child, &s, line);
+}
+
+static void test_free_sized_wrong_size_aborts(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        size_t n = sizes[i];
+        void *p = malloc(n);
+        size_t block = block_of(p, n);
+        expect_mismatch("free_sized", p, block + 1, block, tier_of(n), 0); /* more than it has */
+        expect_mismatch("free_sized", p, n / 32, block, tier_of(n), 0);    /* far less */
+        free_sized(p, n);
+    }
+}
+
+static void test_free_aligned_sized_wrong_size_aborts(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        size_t n = sizes[i];
+        void *p = aligned_alloc(64, n);
+        size_t block = block_of(p, n);
+        /* (Aligned blocks of the Pool's sizes come from the L2.5 tier's
+         * first class: a size must be of another class to tell, and the
+         * block is an L2.5 block.) */
+        const char *tier = strcmp(tier_of(n), "pool") == 0 ? "L2.5" : tier_of(n);
+        expect_mismatch("free_aligned_sized", p, n * 4 + 64, block, tier, 64);
+        free_aligned_sized(p, 64, n);
+    }
+}
+
+/* Start sizes and end sizes of the realloc chains below: every tier, both
+ * edges of each, and sizes between classes. */
+static const size_t starts[] = {1, 16, 100, 1024, 3000, 8192, 9000, 53248, 60000, 400000, 2 * MiB};
+static size_t ends[400];
+static size_t nends;
+
+static void fill_ends(void) {
+    nends = 0;
+    for (size_t n = 1; n <= 4 * MiB && nends + 3 <= sizeof ends / sizeof ends[0]; n += n / 7 + 1) {
+        ends[nends++] = n;
+        ends[nends++] = n + 1;
+        ends[nends++] = n * 3 / 2;
+    }
+}
+
+/* malloc(a), realloc to b (shrinking or growing, in place or moved), then
+ * free_sized(b): all must run cleanly. */
+static void realloc_chains(void *unused) {
+    (void)unused;
+    for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
+        for (size_t j = 0; j < nends; j++) {
+            char *p = malloc(starts[i]);
+            p[0] = 1;
+            char *q = realloc(p, ends[j]);
+            if (q == NULL) _exit(3);
+            q[ends[j] - 1] = 2;
+            free_sized(q, ends[j]);
+        }
+    /* A buffer grown step by step (each realloc within the L2.5 tier asks
+     * for half as much again), freed at each size on the way. */
+    for (size_t stop = 60000; stop <= 3 * MiB; stop += stop / 3) {
+        char *p = NULL;
+        size_t n = 0;
+        while (n < stop) {
+            n += n / 16 + 100;
+            p = realloc(p, n);
+            if (p == NULL) _exit(4);
+        }
+        free_sized(p, n);
+    }
+}
+
+static void test_free_sized_after_realloc_runs_cleanly(void **state) {
+    (void)state;
+    fill_ends();
+    expect_clean_exit(realloc_chains, NULL);
+}
+
+static void aligned_sizes(void *unused) {
+    (void)unused;
+    for (size_t align = 8; align <= 2 * MiB; align *= 2)
+        for (size_t j = 0; j < nends; j += 5) {
+            size_t n = (ends[j] + align - 1) / align * align; /* aligned_alloc's rule */
+            void *p = aligned_alloc(align, n);
+            if (p == NULL) _exit(3);
+            free_aligned_sized(p, align, n);
+            p = calloc(1, ends[j]);
+            free_sized(p, ends[j]);
+        }
+}
+
+static void test_free_aligned_sized_runs_cleanly(void **state) {
+    (void)state;
+    fill_ends();
+    expect_clean_exit(aligned_sizes, NULL);
+}
+
+/* ---- HAKMEM_BACKTRACE ----------------------------------------------------- */
+
+/* Re-run this binary with the setting in its environment (it is read at
+ * start-up): the report is followed by a backtrace naming the caller. */
+static const char *self;
+
+__attribute__((noinline)) void reports_frees_twice(void) {
+    void *volatile p = malloc(40);
+    free(p);
+    free(p);
+}
+
+static void exec_double_free(void *env) {
+    setenv("HAKMEM_BACKTRACE", env, 1);
+    execl(self, self, "--double-free", (char *)NULL);
+    _exit(9);
+}
+
+static void test_backtrace_follows_the_report(void **state) {
+    (void)state;
+    struct death d;
+    run_child(exec_double_free, "1", &d);
+    assert_aborted(&d);
+    /* Frames print as "binary(+offset)[address]"; the binary is this one,
+     * run again: reports_frees_twice is at the same offset from its base. */
+    Dl_info info;
+    assert_true(dladdr((void *)reports_frees_twice, &info) != 0);
+    uintptr_t f = (uintptr_t)reports_frees_twice - (uintptr_t)info.dli_fbase;
+    bool found = false;
+    const char *bt = strstr(d.err, "hakmem: backtrace:\n");
+    for (const char *s = bt; s && (s = strstr(s, "(+0x")) != NULL; s++) {
+        uintptr_t a = (uintptr_t)strtoull(s + 2, NULL, 16);
+        found |= a > f && a < f + 256;
+    }
+    if (!strstr(d.err, "hakmem: free(): double free") || !bt || !found)
+        fail_msg("expected the report, then a backtrace through reports_frees_twice (%p):\n%s",
+                 (void *)reports_frees_twice, d.err);
+    run_child(exec_double_free, "0", &d);
+    assert_aborted(&d);
+    if (strstr(d.err, "backtrace")) fail_msg("a backtrace without HAKMEM_BACKTRACE:\n%s", d.err);
+}
+
+int main(int argc, char **argv) {
+    self = argv[0];
+    if (argc > 1 && strcmp(argv[1], "--double-free") == 0) reports_frees_twice();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_double_free_names_block_and_tier),
+        cmocka_unit_test(test_invalid_pointer_says_where),
+        cmocka_unit_test(test_free_sized_wrong_size_aborts),
+        cmocka_unit_test(test_free_aligned_sized_wrong_size_aborts),
+        cmocka_unit_test(test_free_sized_after_realloc_runs_cleanly),
+        cmocka_unit_test(test_free_aligned_sized_runs_cleanly),
+        cmocka_unit_test(test_backtrace_follows_the_report),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
