@@ -2,7 +2,7 @@
 # Runs the whole suite from the repo root: every cmocka binary out/tests/test_*
 # and the same tests built with UBSan (out/ubsan/tests) and TSan
 # (out/tsan/tests) (each of their tests counts), the project checks (OS
-# boundary, install, static analysis), the fuzzers, the out-of-memory
+# boundary, install, static analysis), the heap-bug gate, the fuzzers, the out-of-memory
 # programs and the real-program tests (one each). Last line: "tests: N passed, M failed". Exits non-zero if
 # anything failed or any binary crashed.
 set -euo pipefail
@@ -117,6 +117,14 @@ done
 
 # Static analysis of core/: zero findings.
 if tests/check_analyzer.sh; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+fi
+
+# The heap-bug programs (tests/heapbugs): every case must_catch lists is
+# caught by hakmem (and by HAKMEM_CHECK=1). One test.
+if HEAPBUGS_GATE=tests/heapbugs/must_catch tests/heapbugs/run.sh; then
     passed=$((passed + 1))
 else
     failed=$((failed + 1))
