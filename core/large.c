@@ -7,6 +7,7 @@
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/diag.h"
+#include "box/secret.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/rmap.h"
@@ -18,22 +19,29 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#define LARGE_LIVE     0x68616b4c4956450aull /* "hakLIVE" */
-#define LARGE_FREE     0x68616b465245450aull /* "hakFREE" */
+#define LARGE_LIVE     0x4556494cu /* "LIVE" */
+#define LARGE_FREE     0x45455246u /* "FREE" */
 #define LARGE_HDR_SIZE ((size_t)64)
 
 struct large_hdr {
-    uint64_t magic;
+    uint32_t magic;
+    bool thp;        /* the mapping asked for huge pages */
+    bool growing;    /* from large_alloc_growing: counted in large_growing_live */
+    size_t req;      /* the size last asked for */
     void *user;      /* the pointer handed out */
     size_t map_size; /* bytes mapped from the header on */
     size_t offset;   /* user - header */
-    size_t req;      /* the size last asked for */
     size_t ready;    /* bytes from the header on whose pages are (taken as) resident */
     uint64_t map;    /* the kernel mapping it is (part of): see large_entry */
-    bool thp;        /* the mapping asked for huge pages */
-    bool growing;    /* from large_alloc_growing: counted in large_growing_live */
 };
-_Static_assert(sizeof(struct large_hdr) <= LARGE_HDR_SIZE, "the header fits before the block");
+/* The 8 bytes below the block hold a canary (large_canary): a write before
+ * the block (an underflow) reaches it before any field of the header, and
+ * the fields a report needs come first, farthest from the block. */
+_Static_assert(sizeof(struct large_hdr) <= LARGE_HDR_SIZE - 8, "the header and the canary fit");
+
+HAK_INLINE uint64_t *large_canary(const void *user) {
+    return (uint64_t *)user - 1;
+}
 
 /* Kernel mappings made so far: each gets the next number. */
 static _Atomic uint64_t large_maps;
@@ -461,6 +469,7 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
     h->magic = LARGE_LIVE;
     h->offset = off;
     h->user = (uint8_t *)h + off;
+    *large_canary(h->user) = hak_secret();
     h->req = size;
     h->growing = growing;
     /* A growing block's pages come in by large_populate as it grows, unless
@@ -499,6 +508,15 @@ void *large_alloc_growing(size_t size) {
 /* p, whose header is h, is no live block: say what it is and abort. */
 __attribute__((noreturn, noinline, cold)) static void
 large_reject(const void *p, const struct large_hdr *h, const char *fn) {
+    if (h->magic == LARGE_LIVE && h->user == p) { /* live, its canary overwritten */
+        uint64_t was = hak_secret() ^ *large_canary(p);
+        diag_bug(&(struct diag_bug){.fn = fn,
+                                    .kind = DIAG_HEAP_UNDERFLOW,
+                                    .p = p,
+                                    .tier = DIAG_LARGE,
+                                    .block = h->req,
+                                    .offset = 8 - (size_t)__builtin_ctzll(was) / 8});
+    }
     if (h->magic == LARGE_FREE && h->user == p)
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_LARGE, h->req);
     diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_LARGE, 0);
@@ -511,7 +529,7 @@ HAK_INLINE struct large_hdr *large_mapping_of(const void *p, uint32_t entry) {
 }
 
 HAK_INLINE bool large_hdr_live(const struct large_hdr *h, const void *p) {
-    return h->magic == LARGE_LIVE && h->user == p;
+    return h->magic == LARGE_LIVE && h->user == p && *large_canary(p) == hak_secret();
 }
 
 /* The live header for p, or abort naming p. Inlined: realloc of a growing

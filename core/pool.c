@@ -203,7 +203,7 @@ static void pool_drain(struct pool_heap *h) {
 static void *pool_hand_out(struct pool_chunk *c, void *b, uint32_t cls) {
     c->out++;
     struct pool_hdr *hd = pool_hdr_of(b);
-    hd->tag = pool_tag(b);
+    hd->tag = hd->tag_end = pool_tag(b);
     hd->cls = (uint8_t)cls;
     hd->state = POOL_LIVE;
     return b;

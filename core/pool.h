@@ -25,10 +25,14 @@ struct pool_heap;
 
 /* Just before every block. */
 struct pool_hdr {
-    uint32_t tag; /* pool_tag(block) */
+    /* The block's tag at both ends of its header: a write of even one byte
+     * past the block before (an overflow) or before this block (an
+     * underflow) changes one, and free then rejects the block. */
+    uint32_t tag_end; /* pool_tag(block), right after the block before */
+    uint8_t pad[6];
     uint8_t cls;
     uint8_t state; /* POOL_LIVE with the program, POOL_FREE otherwise */
-    uint8_t pad[10];
+    uint32_t tag;  /* pool_tag(block), right below the block */
 };
 _Static_assert(sizeof(struct pool_hdr) == POOL_HDR, "block header size");
 
@@ -73,7 +77,7 @@ HAK_INLINE bool pool_is_block(const struct pool_chunk *c, const void *p) {
     const uint8_t *b = p;
     return ((uintptr_t)b & 15) == 0 && b >= (const uint8_t *)c + POOL_CHUNK_HDR + POOL_HDR &&
            b < atomic_load_explicit(&c->bump, memory_order_relaxed) &&
-           pool_hdr_of(b)->tag == pool_tag(b);
+           pool_hdr_of(b)->tag == pool_tag(b) && pool_hdr_of(b)->tag_end == pool_tag(b);
 }
 
 /* A block of cls for a thread whose cache is open and empty for it; NULL

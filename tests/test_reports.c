@@ -1,6 +1,8 @@
 /* What a report says: every detection prints one line naming the call, the
  * kind, the pointer, then the block's size and tier (or where the pointer
- * is), and aborts; HAKMEM_BACKTRACE=1 adds the calls that led there. And
+ * is), and aborts; HAKMEM_BACKTRACE=1 adds the calls that led there.
+ * Underflows below Large and Pool blocks, and an overflow into the next Pool
+ * block's header, are caught by default. And
  * free_sized / free_aligned_sized: a size that does not belong to the block
  * is reported, while every size a correct program can pass (after realloc
  * shrank or grew the block) frees it. Each bad call runs in a fork()ed
@@ -77,6 +79,76 @@ static void test_invalid_pointer_says_where(void **state) {
     snprintf(line, sizeof line, "hakmem: free(): invalid pointer %p (not hakmem's memory)",
              (void *)global);
     expect_death(do_free, global, line);
+}
+
+/* ---- underflows ------------------------------------------------------------
+ * Caught without a checked mode where a header sits below the block: a Large
+ * block's canary (any write within 8 bytes below it, before the header), a
+ * Pool block's address tag (right below it). */
+
+struct underflow {
+    char *p;
+    size_t n;
+};
+
+static void underflow_then_free(void *arg) {
+    struct underflow *u = arg;
+    memset(u->p - u->n, 0x41, u->n);
+    free(u->p);
+}
+
+static void test_large_underflow_reported(void **state) {
+    (void)state;
+    const size_t aligns[] = {0, 4096, 2 * MiB};
+    for (size_t a = 0; a < sizeof aligns / sizeof aligns[0]; a++)
+        /* (From 48 bytes on, the header's own fields are overwritten: the
+         * block is then reported as an invalid pointer.) */
+        for (size_t n = 1; n <= 40; n += n < 8 ? 1 : 8) {
+            size_t size = 3 * MiB + 8;
+            char *p = aligns[a] ? aligned_alloc(aligns[a], size) : malloc(size);
+            struct underflow u = {p, n};
+            char line[160];
+            snprintf(line, sizeof line,
+                     "hakmem: free(): heap underflow %p (byte -%zu written, block of %zu bytes, "
+                     "large tier)",
+                     (void *)p, n < 8 ? n : 8, size);
+            expect_death(underflow_then_free, &u, line);
+            free(p);
+        }
+}
+
+static void test_pool_underflow_rejected(void **state) {
+    (void)state;
+    for (size_t n = 1; n <= 32; n *= 2) {
+        char *p = malloc(20000);
+        struct underflow u = {p, n};
+        char line[160];
+        snprintf(line, sizeof line, "hakmem: free(): invalid pointer %p (in the pool tier)",
+                 (void *)p);
+        expect_death(underflow_then_free, &u, line);
+        free(p);
+    }
+}
+
+/* The header of the next Pool block starts with its tag too: a write of one
+ * byte past a block's end makes the next block's free fail. */
+static void overflow_then_free_next(void *arg) {
+    char **ab = arg;
+    ab[0][malloc_usable_size(ab[0])] = 0x41;
+    free(ab[1]);
+}
+
+static void test_pool_overflow_into_next_rejected(void **state) {
+    (void)state;
+    char *ab[2] = {malloc(20000), malloc(20000)};
+    size_t usable = malloc_usable_size(ab[0]);
+    assert_ptr_equal(ab[1], ab[0] + usable + 16); /* carved one after the other */
+    char line[160];
+    snprintf(line, sizeof line, "hakmem: free(): invalid pointer %p (in the pool tier)",
+             (void *)ab[1]);
+    expect_death(overflow_then_free_next, ab, line);
+    free(ab[0]);
+    free(ab[1]);
 }
 
 /* ---- free_sized ----------------------------------------------------------- */
@@ -247,6 +319,9 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_double_free_names_block_and_tier),
         cmocka_unit_test(test_invalid_pointer_says_where),
+        cmocka_unit_test(test_large_underflow_reported),
+        cmocka_unit_test(test_pool_underflow_rejected),
+        cmocka_unit_test(test_pool_overflow_into_next_rejected),
         cmocka_unit_test(test_free_sized_wrong_size_aborts),
         cmocka_unit_test(test_free_aligned_sized_wrong_size_aborts),
         cmocka_unit_test(test_free_sized_after_realloc_runs_cleanly),
