@@ -92,6 +92,10 @@ out/tests/cxx_replaced: tests/real/cxx_replaced.cpp
 	@mkdir -p out/tests
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror $< -o $@
 
+out/tests/cxx_replaced_static: tests/real/cxx_replaced.cpp out/release/libhakmem.a
+	@mkdir -p out/tests
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror $< -o $@ out/release/libhakmem.a -pthread
+
 out/tests/cxx_prog_linked: tests/real/cxx_prog.cpp out/release/libhakmem.so
 	@mkdir -p out/tests
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror $< -o $@ \
@@ -126,7 +130,7 @@ out/fuzz/%: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.
 checked: $(UBSAN_TEST_BINS) $(TSAN_TEST_BINS) $(FUZZ_BINS)
 
 tests: release debug $(TEST_BINS) out/tests/test_cxx out/tests/cxx_prog out/tests/cxx_prog_linked \
-	out/tests/cxx_replaced checked
+	out/tests/cxx_replaced out/tests/cxx_replaced_static checked
 
 test:
 	@tests/deps.sh

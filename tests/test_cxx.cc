@@ -174,6 +174,24 @@ static void test_new_handler_that_frees_lets_new_succeed(void **) {
     operator delete(p, 64 * MiB);
 }
 
+// A handler that throws std::bad_alloc: nothrow new returns NULL (it must
+// not let the exception out, which would terminate the program).
+static void throw_bad_alloc() {
+    handler_calls++;
+    throw std::bad_alloc();
+}
+
+static void test_nothrow_new_with_throwing_handler_returns_null(void **) {
+    handler_calls = 0;
+    std::set_new_handler(throw_bad_alloc);
+    void *p = operator new(launder(huge), std::nothrow);
+    void *q = operator new[](launder(huge), std::align_val_t{256}, std::nothrow);
+    std::set_new_handler(nullptr);
+    assert_null(p);
+    assert_null(q);
+    assert_int_equal(handler_calls, 2);
+}
+
 // A handler may throw its own exception out of new.
 struct handler_ran {};
 static void throw_from_handler() {
@@ -288,6 +306,7 @@ int main(void) {
         cmocka_unit_test(test_new_handler_called_until_removed),
         cmocka_unit_test(test_new_handler_that_frees_lets_new_succeed),
         cmocka_unit_test(test_new_handler_may_throw),
+        cmocka_unit_test(test_nothrow_new_with_throwing_handler_returns_null),
         cmocka_unit_test(test_sized_delete_mismatch_aborts),
         cmocka_unit_test(test_delete_through_base_aborts),
         cmocka_unit_test(test_sized_delete_same_class_frees),

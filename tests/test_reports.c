@@ -232,8 +232,9 @@ static void realloc_chains(void *unused) {
             q[ends[j] - 1] = 2;
             free_sized(q, ends[j]);
         }
-    /* A buffer grown step by step (each realloc within the L2.5 tier asks
-     * for half as much again), freed at each size on the way. */
+    /* A buffer grown step by step, freed at its last size (past 4 KiB a
+     * growing block becomes a Large block with room to grow; the L2.5
+     * tier's half-as-much-again growth is for when such blocks run out). */
     for (size_t stop = 60000; stop <= 3 * MiB; stop += stop / 3) {
         char *p = NULL;
         size_t n = 0;

@@ -47,9 +47,10 @@ void diag_flush(struct diag_buf *b, int fd) {
 }
 
 static const char *const diag_kinds[] = {
-    [DIAG_INVALID_POINTER] = "invalid pointer", [DIAG_DOUBLE_FREE] = "double free",
-    [DIAG_SIZE_MISMATCH] = "size mismatch",     [DIAG_HEAP_OVERFLOW] = "heap overflow",
-    [DIAG_HEAP_UNDERFLOW] = "heap underflow",   [DIAG_WRITE_AFTER_FREE] = "write after free",
+    [DIAG_INVALID_POINTER] = "invalid pointer",
+    [DIAG_DOUBLE_FREE] = "double free",
+    [DIAG_SIZE_MISMATCH] = "size mismatch",
+    [DIAG_HEAP_UNDERFLOW] = "heap underflow",
 };
 static const char *const diag_tiers[] = {
     [DIAG_NOWHERE] = "", [DIAG_TINY] = "tiny",   [DIAG_POOL] = "pool",
@@ -87,20 +88,8 @@ static void diag_detail(struct diag_buf *b, const struct diag_bug *bug) {
         diag_u64(b, bug->given);
         diag_str(b, " given, ");
         break;
-    case DIAG_HEAP_OVERFLOW:
-        diag_str(b, "byte ");
-        diag_u64(b, bug->offset);
-        diag_str(b, " written, ");
-        diag_u64(b, bug->asked);
-        diag_str(b, " asked, ");
-        break;
     case DIAG_HEAP_UNDERFLOW:
         diag_str(b, "byte -");
-        diag_u64(b, bug->offset);
-        diag_str(b, " written, ");
-        break;
-    case DIAG_WRITE_AFTER_FREE:
-        diag_str(b, "byte ");
         diag_u64(b, bug->offset);
         diag_str(b, " written, ");
         break;

@@ -12,9 +12,7 @@ enum diag_kind {
     DIAG_INVALID_POINTER,
     DIAG_DOUBLE_FREE,
     DIAG_SIZE_MISMATCH,
-    DIAG_HEAP_OVERFLOW,
     DIAG_HEAP_UNDERFLOW,
-    DIAG_WRITE_AFTER_FREE,
 };
 /* ... and where: the tier whose memory the pointer is in (DIAG_NOWHERE: no
  * tier's). */
@@ -31,8 +29,7 @@ struct diag_bug {
     enum diag_tier tier;
     size_t block;
     size_t given;  /* size mismatch: the size the caller gave */
-    size_t offset; /* overflow, underflow, write after free: where, from p */
-    size_t asked;  /* overflow: the size the program asked for */
+    size_t offset; /* underflow: how far below p a byte was written */
 };
 
 /* Print the report (and a backtrace when armed), then abort(). */

@@ -92,7 +92,9 @@ void front_describe(const void *p, struct front_block *b);
  * not a live block. */
 bool front_free_sized_slow(void *p, size_t n, size_t align, bool exact, const char *fn);
 
-/* Free p, which the caller says was allocated for n bytes (see above). */
+/* Free p, which the caller says was allocated for n bytes (see above). A
+ * pointer into the SuperSlab range with n's class is freed, or reported,
+ * by the Tiny tier itself; false only from the slow path. */
 HAK_INLINE bool front_free_sized(void *p, size_t n, bool exact, const char *fn) {
     /* (The descriptor of any pointer into the SuperSlab range can be read;
      * tiny_free then checks that p starts a block.) */

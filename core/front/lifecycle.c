@@ -75,19 +75,22 @@ static void life_fork_child(void) {
     life_fork_release();
 }
 
-void hak_init(void) {
+static void life_begin(void) {
     int s = LIFE_NEW;
     if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_NEW) return;
-    /* Called from a .preinit_array function (sanitizer runtimes allocate
-     * there), before libc has set up the environment: the settings are not
-     * readable yet. Start later (life_start at the latest); until then
-     * allocation works, without thread caches. */
-    if (environ == NULL) return;
     if (!atomic_compare_exchange_strong(&life_state, &s, LIFE_STARTING)) return;
     config_load();
     life_key_ok = pthread_key_create(&life_key, life_thread_exit) == 0;
     pthread_atfork(life_fork_prepare, life_fork_release, life_fork_child);
     atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
+}
+
+void hak_init(void) {
+    /* Called from a .preinit_array function (sanitizer runtimes allocate
+     * there), before libc has set up the environment: the settings are not
+     * readable yet. Start in life_start; until then allocation works,
+     * without thread caches. */
+    if (environ != NULL) life_begin();
 }
 
 bool life_thread_arm(void) {
@@ -105,7 +108,7 @@ bool life_thread_arm(void) {
 }
 
 __attribute__((constructor)) static void life_start(void) {
-    hak_init();
+    life_begin(); /* (libc is set up by now, even if a constructor cleared environ) */
     /* Here, not in hak_init: arming loads the unwinder, which allocates. */
     if (hak_cfg.backtrace) diag_arm_backtrace();
 }

@@ -27,6 +27,11 @@ run_case hakmem "$TMP/replaced.out" "$TMP/replaced.err" 60 "$REPLACED" || rc=$?
 [ "$rc" -eq 0 ] || fail "replaced operators: $(describe_rc "$rc"): $(last_err "$TMP/replaced.err")"
 [ "$(cat "$TMP/replaced.out")" = ok ] || fail "replaced operators: $(cat "$TMP/replaced.out")"
 check_no_diag "$TMP/replaced.err"
+STATIC=$ROOT/out/tests/cxx_replaced_static
+[ -x "$STATIC" ] || fail "$STATIC missing (run make tests)"
+run_case plain "$TMP/static.out" "$TMP/static.err" 60 "$STATIC" || rc=$?
+[ "$rc" -eq 0 ] || fail "replaced operators, static: $(describe_rc "$rc"): $(last_err "$TMP/static.err")"
+[ "$(cat "$TMP/static.out")" = ok ] || fail "replaced operators, static: $(cat "$TMP/static.out")"
 
 rc=0
 run_case plain "$TMP/plain.out" "$TMP/plain.err" 60 env -u HAKMEM_EXPECT_LINKED "$PLAIN" || rc=$?

@@ -3,7 +3,10 @@
 // compiler still emits sized deletes, which it leaves to the library: under
 // LD_PRELOAD=hakmem they reach hakmem's sized delete with pointers hakmem
 // never handed out, which must go on to the program's unsized delete, not
-// abort (real/cxx.sh). Prints "ok" when every block came back to its owner.
+// abort (real/cxx.sh); the array and nothrow forms, which the standard
+// defines over the replaced pair, must reach it too. Prints "ok" when every
+// block came back to its owner. Built twice: plain, and linked statically
+// with libhakmem.a (whose operators are weak: the program's win).
 // (What GCC warns of is this program's point.)
 #pragma GCC diagnostic ignored "-Wsized-deallocation"
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
@@ -33,6 +36,12 @@ struct Node {
     std::string name;
 };
 
+// 130 and 146 bytes (with the header) are one size class: a sized delete
+// must not take the program's pointer for the start of a block of it.
+struct Odd {
+    char c[130];
+};
+
 int main() {
     Node *head = nullptr;
     for (int i = 0; i < 1000; i++)
@@ -45,6 +54,12 @@ int main() {
         delete head; // a sized delete: operator delete(void *, std::size_t)
         head = n;
     }
+    for (int i = 0; i < 100; i++)
+        delete new Odd;
+    Odd *arr = new Odd[3]; // array forms go to the replaced pair too
+    delete[] arr;
+    char *nt = new (std::nothrow) char[40];
+    delete[] nt;
     v.clear();
     v.shrink_to_fit();
     if (live != 0) {
