@@ -22,6 +22,7 @@
 #ifndef HAK_NO_OVERRIDE /* the sanitizer builds keep their runtime's operators */
 
 typedef void (*cxx_new_handler)(void);
+typedef cxx_new_handler (*cxx_get_handler)(void);
 /* std::get_new_handler(), std::__throw_bad_alloc() (libstdc++ and libc++). */
 extern cxx_new_handler _ZSt15get_new_handlerv(void) __attribute__((weak));
 extern void _ZSt17__throw_bad_allocv(void) __attribute__((weak, noreturn));
@@ -57,9 +58,10 @@ static void *cxx_runtime(void *weak, const char *name) {
  * the standard says, call the new_handler while there is one and retry;
  * without one, throw std::bad_alloc. */
 static __attribute__((cold, noinline)) void *cxx_new_failed(size_t n, size_t align) {
-    cxx_new_handler (*get)(void) =
-        cxx_runtime((void *)_ZSt15get_new_handlerv, "_ZSt15get_new_handlerv");
-    for (cxx_new_handler h; get != NULL && (h = get()) != NULL;) {
+    cxx_get_handler get = cxx_runtime((void *)_ZSt15get_new_handlerv, "_ZSt15get_new_handlerv");
+    for (;;) {
+        cxx_new_handler h = get != NULL ? get() : NULL;
+        if (h == NULL) break;
         h();
         void *p = align ? hak_aligned_alloc(align, n) : hak_malloc(n);
         if (p != NULL) return p;
@@ -110,12 +112,13 @@ static _Atomic int cxx_state;
     X(_Znwm)                                                                                       \
     X(_Znam)                                                                                       \
     X(_ZnwmSt11align_val_t)                                                                        \
-    X(_ZnamSt11align_val_t) X(_ZnwmRKSt9nothrow_t) X(_ZnamRKSt9nothrow_t)                          \
-        X(_ZnwmSt11align_val_tRKSt9nothrow_t) X(_ZnamSt11align_val_tRKSt9nothrow_t) X(_ZdlPv)      \
-            X(_ZdaPv) X(_ZdlPvRKSt9nothrow_t) X(_ZdaPvRKSt9nothrow_t) X(_ZdlPvSt11align_val_t)     \
-                X(_ZdaPvSt11align_val_t) X(_ZdlPvSt11align_val_tRKSt9nothrow_t)                    \
-                    X(_ZdaPvSt11align_val_tRKSt9nothrow_t) X(_ZdlPvm) X(_ZdaPvm)                   \
-                        X(_ZdlPvmSt11align_val_t) X(_ZdaPvmSt11align_val_t)
+    X(_ZnamSt11align_val_t)                                                                        \
+    X(_ZnwmRKSt9nothrow_t)                                                                         \
+    X(_ZnamRKSt9nothrow_t) X(_ZnwmSt11align_val_tRKSt9nothrow_t)                                   \
+        X(_ZnamSt11align_val_tRKSt9nothrow_t) X(_ZdlPv) X(_ZdaPv) X(_ZdlPvRKSt9nothrow_t)          \
+            X(_ZdaPvRKSt9nothrow_t) X(_ZdlPvSt11align_val_t) X(_ZdaPvSt11align_val_t)              \
+                X(_ZdlPvSt11align_val_tRKSt9nothrow_t) X(_ZdaPvSt11align_val_tRKSt9nothrow_t)      \
+                    X(_ZdlPvm) X(_ZdaPvm) X(_ZdlPvmSt11align_val_t) X(_ZdaPvmSt11align_val_t)
 
 static bool cxx_look(void);
 
