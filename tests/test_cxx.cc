@@ -103,23 +103,20 @@ static void test_aligned_forms_align(void **) {
 // A size no allocation can have: new fails at once.
 static const size_t huge = SIZE_MAX / 2;
 
+// Whether new(huge, args...) throws std::bad_alloc (it cannot return).
+static void *volatile new_sink;
+template <typename... A> static bool new_throws_bad_alloc(void *(*f)(size_t, A...), A... args) {
+    try {
+        new_sink = f(launder(huge), args...);
+    } catch (const std::bad_alloc &) {
+        return true;
+    }
+    return false;
+}
+
 static void test_new_throws_bad_alloc(void **) {
-    bool thrown = false;
-    try {
-        void *p = operator new(launder(huge));
-        operator delete(p);
-    } catch (const std::bad_alloc &) {
-        thrown = true;
-    }
-    assert_true(thrown);
-    thrown = false;
-    try {
-        void *p = operator new[](launder(huge), std::align_val_t{64});
-        operator delete[](p);
-    } catch (const std::bad_alloc &) {
-        thrown = true;
-    }
-    assert_true(thrown);
+    assert_true(new_throws_bad_alloc<>(&operator new));
+    assert_true(new_throws_bad_alloc<std::align_val_t>(&operator new[], std::align_val_t{64}));
 }
 
 static void test_nothrow_returns_null(void **) {
@@ -139,14 +136,7 @@ static void give_up_after_three() {
 static void test_new_handler_called_until_removed(void **) {
     handler_calls = 0;
     std::set_new_handler(give_up_after_three);
-    bool thrown = false;
-    try {
-        void *p = operator new(launder(huge));
-        operator delete(p);
-    } catch (const std::bad_alloc &) {
-        thrown = true;
-    }
-    assert_true(thrown);
+    assert_true(new_throws_bad_alloc<>(&operator new));
     assert_int_equal(handler_calls, 3);
     // nothrow new calls it too, then returns NULL.
     handler_calls = 0;
