@@ -515,7 +515,7 @@ large_reject(const void *p, const struct large_hdr *h, const char *fn) {
                                     .p = p,
                                     .tier = DIAG_LARGE,
                                     .block = h->req,
-                                    .offset = 8 - (size_t)__builtin_ctzll(was) / 8});
+                                    .at = -(8 - (ptrdiff_t)__builtin_ctzll(was) / 8)});
     }
     if (h->magic == LARGE_FREE && h->user == p)
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_LARGE, h->req);

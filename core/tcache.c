@@ -1,11 +1,14 @@
 #include "tcache.h"
 
+#include "check.h"
 #include "front/lifecycle.h"
 
 __thread struct hak_tcache hak_tc;
 
 bool tc_thread_start(void) {
-    if (!life_thread_arm()) return false;
+    /* (Arming reads the settings: in checked mode the caches stay closed, so
+     * every malloc misses into the checked tier.) */
+    if (!life_thread_arm() || chk_on) return false;
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         hak_tc.room[cls] = small_class_cap[cls];
     hak_tc.open = true;

@@ -47,14 +47,14 @@ void diag_flush(struct diag_buf *b, int fd) {
 }
 
 static const char *const diag_kinds[] = {
-    [DIAG_INVALID_POINTER] = "invalid pointer",
-    [DIAG_DOUBLE_FREE] = "double free",
-    [DIAG_SIZE_MISMATCH] = "size mismatch",
-    [DIAG_HEAP_UNDERFLOW] = "heap underflow",
+    [DIAG_INVALID_POINTER] = "invalid pointer", [DIAG_DOUBLE_FREE] = "double free",
+    [DIAG_SIZE_MISMATCH] = "size mismatch",     [DIAG_HEAP_UNDERFLOW] = "heap underflow",
+    [DIAG_HEAP_OVERFLOW] = "heap overflow",     [DIAG_WRITE_AFTER_FREE] = "write after free",
+    [DIAG_MISMATCHED_FREE] = "mismatched free",
 };
 static const char *const diag_tiers[] = {
     [DIAG_NOWHERE] = "", [DIAG_TINY] = "tiny",   [DIAG_POOL] = "pool",
-    [DIAG_L25] = "L2.5", [DIAG_LARGE] = "large",
+    [DIAG_L25] = "L2.5", [DIAG_LARGE] = "large", [DIAG_CHECKED] = "checked",
 };
 
 static bool diag_bt_armed;
@@ -89,16 +89,27 @@ static void diag_detail(struct diag_buf *b, const struct diag_bug *bug) {
         diag_str(b, " given, ");
         break;
     case DIAG_HEAP_UNDERFLOW:
-        diag_str(b, "byte -");
-        diag_u64(b, bug->offset);
+    case DIAG_HEAP_OVERFLOW:
+    case DIAG_WRITE_AFTER_FREE:
+        diag_str(b, "byte ");
+        if (bug->at < 0) diag_str(b, "-");
+        diag_u64(b, bug->at < 0 ? (uint64_t)-bug->at : (uint64_t)bug->at);
         diag_str(b, " written, ");
+        break;
+    case DIAG_MISMATCHED_FREE:
+        diag_str(b, "allocated by ");
+        diag_str(b, bug->by);
+        diag_str(b, ", ");
         break;
     case DIAG_DOUBLE_FREE:
         break;
     }
-    diag_str(b, "block of ");
-    diag_u64(b, bug->block);
-    diag_str(b, " bytes, ");
+    /* (An underflow that overwrote the header leaves the size unknown.) */
+    if (bug->block != 0 || bug->kind != DIAG_HEAP_UNDERFLOW) {
+        diag_str(b, "block of ");
+        diag_u64(b, bug->block);
+        diag_str(b, " bytes, ");
+    }
     diag_str(b, diag_tiers[bug->tier]);
     diag_str(b, " tier");
 }

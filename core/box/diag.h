@@ -13,10 +13,13 @@ enum diag_kind {
     DIAG_DOUBLE_FREE,
     DIAG_SIZE_MISMATCH,
     DIAG_HEAP_UNDERFLOW,
+    DIAG_HEAP_OVERFLOW,
+    DIAG_WRITE_AFTER_FREE,
+    DIAG_MISMATCHED_FREE, /* freed by another family than allocated it (free of new's) */
 };
 /* ... and where: the tier whose memory the pointer is in (DIAG_NOWHERE: no
  * tier's). */
-enum diag_tier { DIAG_NOWHERE, DIAG_TINY, DIAG_POOL, DIAG_L25, DIAG_LARGE };
+enum diag_tier { DIAG_NOWHERE, DIAG_TINY, DIAG_POOL, DIAG_L25, DIAG_LARGE, DIAG_CHECKED };
 
 /* One heap bug, as reported:
  *   hakmem: <fn>(): <kind> <p> (<detail>, block of <block> bytes, <tier> tier)
@@ -28,8 +31,9 @@ struct diag_bug {
     const void *p;
     enum diag_tier tier;
     size_t block;
-    size_t given;  /* size mismatch: the size the caller gave */
-    size_t offset; /* underflow: how far below p a byte was written */
+    size_t given;   /* size mismatch: the size the caller gave */
+    ptrdiff_t at;   /* underflow, overflow, write after free: the byte written, from p */
+    const char *by; /* mismatched free: the call that allocated the block */
 };
 
 /* Print the report (and a backtrace when armed), then abort(). */

@@ -47,6 +47,7 @@ static const char *const os_site_names[OS_NSITES] = {
     [OS_SITE_UNCOMMIT_PROT] = "uncommit mprotect",
     [OS_SITE_RESIZE] = "resize mremap",
     [OS_SITE_MOVE] = "move mremap",
+    [OS_SITE_GUARD] = "guard mprotect",
 };
 static _Atomic uint64_t os_fault_n;                            /* calls since the last arm */
 static _Atomic uint64_t os_fault_lo = UINT64_MAX, os_fault_hi; /* fail calls lo+1 .. hi */
@@ -316,6 +317,14 @@ bool os_readable(void *p, size_t size) {
     int saved = errno;
     os_count(OS_MPROTECT);
     bool ok = !os_fault(OS_SITE_RESERVE_PROT) && mprotect(p, size, PROT_READ) == 0;
+    errno = saved;
+    return ok;
+}
+
+bool os_guard(void *p, size_t size) {
+    int saved = errno;
+    os_count(OS_MPROTECT);
+    bool ok = !os_fault(OS_SITE_GUARD) && mprotect(p, size, PROT_NONE) == 0;
     errno = saved;
     return ok;
 }

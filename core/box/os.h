@@ -72,6 +72,10 @@ bool os_commit(void *p, size_t size);
  * OS refuses to drop the pages, they are cleared). */
 void os_uncommit(void *p, size_t size);
 
+/* Make [p, p+size) (page multiples) inaccessible: a guard, where any access
+ * faults. false when refused (the pages are then as they were). */
+bool os_guard(void *p, size_t size);
+
 uint64_t os_calls(enum os_call kind);
 
 /* Calls of this thread the OS refused (a mapping, a commit, a move: memory or
@@ -106,6 +110,7 @@ enum os_site {
     OS_SITE_UNCOMMIT_PROT,   /* os_uncommit: mprotect PROT_READ */
     OS_SITE_RESIZE,          /* os_resize: mremap */
     OS_SITE_MOVE,            /* os_move: mremap MREMAP_FIXED */
+    OS_SITE_GUARD,           /* os_guard: mprotect PROT_NONE */
     OS_NSITES
 };
 void os_fault_arm(uint64_t skip, uint64_t count);

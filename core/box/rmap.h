@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum rmap_kind { RMAP_NONE = 0, RMAP_L25 = 1, RMAP_LARGE = 2, RMAP_POOL = 3 };
+enum rmap_kind { RMAP_NONE = 0, RMAP_L25 = 1, RMAP_LARGE = 2, RMAP_POOL = 3, RMAP_CHECK = 4 };
 
 #define RMAP_VA_BITS   47
 #define RMAP_LEAF_BITS 16

@@ -37,9 +37,10 @@ static uint32_t front_aligned_class(size_t align, size_t n) {
     return cls;
 }
 
-/* A block of n bytes aligned to `align` (a power of two). */
-static void *front_aligned(size_t align, size_t n) {
-    if (align <= HAK_MIN_ALIGN) return front_malloc(n);
+/* A block of n bytes aligned to `align` (a power of two), for family f. */
+static void *front_aligned(size_t align, size_t n, enum chk_family f) {
+    if (hak_unlikely(chk_on)) return chk_alloc(n, align, f);
+    if (align <= HAK_MIN_ALIGN) return front_malloc_as(n, f);
     uint32_t cls = front_aligned_class(align, n);
     if (cls < SMALL_NCLASSES) {
         void *p;
@@ -60,6 +61,10 @@ static void *front_calloc(size_t nmemb, size_t size) {
         errno = ENOMEM;
         return NULL;
     }
+    if (hak_unlikely(chk_on)) { /* (its slots hold the wipe pattern) */
+        void *p = chk_alloc(n, 0, CHK_MALLOC);
+        return p ? memset(p, 0, n) : NULL;
+    }
     if (n > HAK_SMALL_MAX) return large_alloc(n, HAK_MIN_ALIGN, true);
     void *p = front_alloc_class(small_class_of(n));
     if (hak_unlikely(p == NULL)) return large_alloc(n, HAK_MIN_ALIGN, true); /* last resort */
@@ -77,6 +82,8 @@ static size_t front_usable_size(void *p) {
         return small_class_size[l25_class_of(p, e, "malloc_usable_size")];
     case RMAP_LARGE:
         return large_usable_size(p, e, "malloc_usable_size");
+    case RMAP_CHECK:
+        return chk_usable_size(p, e, "malloc_usable_size");
     default:
         if (p != NULL)
             diag_bad_pointer("malloc_usable_size", DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
@@ -112,6 +119,11 @@ void front_describe(const void *p, struct front_block *b) {
         b->live = large_is_live(p, e, &b->size);
         b->cls = SMALL_NCLASSES;
         return;
+    case RMAP_CHECK:
+        b->tier = DIAG_CHECKED;
+        b->live = chk_is_live(p, e, &b->size);
+        b->cls = SMALL_NCLASSES;
+        return;
     default:
         return;
     }
@@ -123,6 +135,7 @@ static bool front_size_belongs(const struct front_block *b, size_t n, size_t ali
     uint32_t cls = align > HAK_MIN_ALIGN ? front_aligned_class(align, n)
                    : n <= HAK_SMALL_MAX  ? small_class_of(n)
                                          : SMALL_NCLASSES;
+    if (b->tier == DIAG_CHECKED) return b->size == n; /* it knows the size asked */
     /* A small block is Large when its tier had no memory (front_small_failed):
      * it then asked for the class size. */
     if (b->tier == DIAG_LARGE)
@@ -212,6 +225,8 @@ static void *front_realloc(void *p, size_t n) {
          * as any block's. */
         return q ? q : front_move(p, large_usable_size(p, e, "realloc"), n);
     }
+    case RMAP_CHECK:
+        return chk_realloc(p, e, n);
     default:
         diag_bad_pointer("realloc", DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
     }
@@ -229,7 +244,7 @@ static void *front_reallocarray(void *p, size_t nmemb, size_t size) {
 static int front_posix_memalign(void **out, size_t align, size_t n) {
     if (align % sizeof(void *) != 0 || !hak_is_pow2(align)) return EINVAL;
     int saved = errno; /* report through the return value only */
-    void *p = front_aligned(align, n);
+    void *p = front_aligned(align, n, CHK_MALLOC);
     errno = saved;
     if (p == NULL) return ENOMEM;
     *out = p;
@@ -241,7 +256,7 @@ static void *front_aligned_alloc(size_t align, size_t n) {
         errno = EINVAL;
         return NULL;
     }
-    return front_aligned(align, n);
+    return front_aligned(align, n, CHK_MALLOC);
 }
 
 static void *front_memalign(size_t align, size_t n) {
@@ -253,7 +268,7 @@ static void *front_memalign(size_t align, size_t n) {
         /* 0 means no alignment; otherwise <= 2^63, which then fails as ENOMEM */
         align = align ? (size_t)1 << (64 - __builtin_clzl(align)) : 1;
     }
-    return front_aligned(align, n);
+    return front_aligned(align, n, CHK_MALLOC);
 }
 
 static void *front_pvalloc(size_t n) {
@@ -261,7 +276,8 @@ static void *front_pvalloc(size_t n) {
         errno = ENOMEM;
         return NULL;
     }
-    return front_aligned(HAK_PAGE_SIZE, n ? hak_align_up(n, HAK_PAGE_SIZE) : HAK_PAGE_SIZE);
+    return front_aligned(HAK_PAGE_SIZE, n ? hak_align_up(n, HAK_PAGE_SIZE) : HAK_PAGE_SIZE,
+                         CHK_MALLOC);
 }
 
 static int front_trim(void) {
@@ -375,7 +391,8 @@ HAK_HIDDEN void *front_class_miss(uint32_t cls) {
     return front_class_slow(cls);
 }
 
-HAK_HIDDEN void *front_malloc_miss(size_t n, uint32_t cls) {
+HAK_HIDDEN void *front_malloc_miss(size_t n, uint32_t cls, enum chk_family f) {
+    if (hak_unlikely(chk_on)) return chk_alloc(n, 0, f);
     if (hak_unlikely(front_purge_tick-- == 0)) front_purge();
     if (cls >= SMALL_NCLASSES) return front_large_miss(n);
     void *p = front_class_slow(cls); /* (inlined: Pool blocks come this way often) */
@@ -425,6 +442,11 @@ HAK_API void *hak_aligned_alloc(size_t alignment, size_t size) {
     FRONT_TRY(p, p == NULL, front_aligned_alloc(alignment, size));
     return p;
 }
+HAK_HIDDEN void *front_aligned_as(size_t align, size_t n, enum chk_family f) {
+    void *p;
+    FRONT_TRY(p, p == NULL, front_aligned(align, n, f));
+    return p;
+}
 HAK_API void *hak_memalign(size_t alignment, size_t size) {
     void *p;
     FRONT_TRY(p, p == NULL, front_memalign(alignment, size));
@@ -432,7 +454,7 @@ HAK_API void *hak_memalign(size_t alignment, size_t size) {
 }
 HAK_API void *hak_valloc(size_t size) {
     void *p;
-    FRONT_TRY(p, p == NULL, front_aligned(HAK_PAGE_SIZE, size));
+    FRONT_TRY(p, p == NULL, front_aligned(HAK_PAGE_SIZE, size, CHK_MALLOC));
     return p;
 }
 HAK_API void *hak_pvalloc(size_t size) {

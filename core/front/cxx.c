@@ -57,13 +57,14 @@ static void *cxx_runtime(void *weak, const char *name) {
 /* new could not allocate n bytes (aligned to align; 0: no alignment): as
  * the standard says, call the new_handler while there is one and retry;
  * without one, throw std::bad_alloc. */
-static __attribute__((cold, noinline)) void *cxx_new_failed(size_t n, size_t align) {
+static __attribute__((cold, noinline)) void *cxx_new_failed(size_t n, size_t align,
+                                                            enum chk_family f) {
     cxx_get_handler get = cxx_runtime((void *)_ZSt15get_new_handlerv, "_ZSt15get_new_handlerv");
     for (;;) {
         cxx_new_handler h = get != NULL ? get() : NULL;
         if (h == NULL) break;
         h();
-        void *p = align ? hak_aligned_alloc(align, n) : hak_malloc(n);
+        void *p = align ? front_aligned_as(align, n, f) : front_malloc_as(n, f);
         if (p != NULL) return p;
     }
     void (*thrower)(void) =
@@ -79,26 +80,32 @@ static __attribute__((cold, noinline)) void *cxx_new_failed(size_t n, size_t ali
 
 /* ---- hakmem's own forms ------------------------------------------------------ */
 
-#define CXX_DELETE "operator delete"
+/* The names reports give, which also tell the checked tier (check.h) what
+ * the block must have been allocated by. */
+#define CXX_DELETE       "operator delete"
+#define CXX_DELETE_ARRAY "operator delete[]"
+/* The family each form allocates for, and the delete that frees it. */
+#define CXX_NEW       CHK_NEW
+#define CXX_NEW_ARRAY CHK_NEW_ARRAY
 
-HAK_INLINE void *cxx_new(size_t n) {
-    void *p = front_malloc(n);
-    return hak_likely(p != NULL) ? p : cxx_new_failed(n, 0);
+HAK_INLINE void *cxx_new(size_t n, enum chk_family f) {
+    void *p = front_malloc_as(n, f);
+    return hak_likely(p != NULL) ? p : cxx_new_failed(n, 0, f);
 }
-HAK_INLINE void *cxx_new_aligned(size_t n, size_t align) {
-    void *p = hak_aligned_alloc(align, n);
-    return hak_likely(p != NULL) ? p : cxx_new_failed(n, align);
+HAK_INLINE void *cxx_new_aligned(size_t n, size_t align, enum chk_family f) {
+    void *p = front_aligned_as(align, n, f);
+    return hak_likely(p != NULL) ? p : cxx_new_failed(n, align, f);
 }
-HAK_INLINE void cxx_delete(void *p) {
-    front_free(p, CXX_DELETE);
+HAK_INLINE void cxx_delete(void *p, const char *fn) {
+    front_free(p, fn);
 }
 /* The size must be the one new was given: a block of n's class (or, for
  * Large blocks, of exactly n bytes). */
-HAK_INLINE void cxx_delete_sized(void *p, size_t n) {
-    if (hak_unlikely(!front_free_sized(p, n, true, CXX_DELETE))) cxx_delete(p);
+HAK_INLINE void cxx_delete_sized(void *p, size_t n, const char *fn) {
+    if (hak_unlikely(!front_free_sized(p, n, true, fn))) cxx_delete(p, fn);
 }
-HAK_INLINE void cxx_delete_sized_aligned(void *p, size_t n, size_t align) {
-    if (hak_unlikely(!front_free_sized_slow(p, n, align, true, CXX_DELETE))) cxx_delete(p);
+HAK_INLINE void cxx_delete_sized_aligned(void *p, size_t n, size_t align, const char *fn) {
+    if (hak_unlikely(!front_free_sized_slow(p, n, align, true, fn))) cxx_delete(p, fn);
 }
 
 /* ---- the exported names ----------------------------------------------------------- */
@@ -114,11 +121,12 @@ static _Atomic int cxx_state;
     X(_ZnwmSt11align_val_t)                                                                        \
     X(_ZnamSt11align_val_t)                                                                        \
     X(_ZnwmRKSt9nothrow_t)                                                                         \
-    X(_ZnamRKSt9nothrow_t) X(_ZnwmSt11align_val_tRKSt9nothrow_t)                                   \
-        X(_ZnamSt11align_val_tRKSt9nothrow_t) X(_ZdlPv) X(_ZdaPv) X(_ZdlPvRKSt9nothrow_t)          \
-            X(_ZdaPvRKSt9nothrow_t) X(_ZdlPvSt11align_val_t) X(_ZdaPvSt11align_val_t)              \
-                X(_ZdlPvSt11align_val_tRKSt9nothrow_t) X(_ZdaPvSt11align_val_tRKSt9nothrow_t)      \
-                    X(_ZdlPvm) X(_ZdaPvm) X(_ZdlPvmSt11align_val_t) X(_ZdaPvmSt11align_val_t)
+    X(_ZnamRKSt9nothrow_t)                                                                         \
+    X(_ZnwmSt11align_val_tRKSt9nothrow_t) X(_ZnamSt11align_val_tRKSt9nothrow_t) X(_ZdlPv)          \
+        X(_ZdaPv) X(_ZdlPvRKSt9nothrow_t) X(_ZdaPvRKSt9nothrow_t) X(_ZdlPvSt11align_val_t)         \
+            X(_ZdaPvSt11align_val_t) X(_ZdlPvSt11align_val_tRKSt9nothrow_t)                        \
+                X(_ZdaPvSt11align_val_tRKSt9nothrow_t) X(_ZdlPvm) X(_ZdaPvm)                       \
+                    X(_ZdlPvmSt11align_val_t) X(_ZdaPvmSt11align_val_t)
 
 static bool cxx_look(void);
 
@@ -189,32 +197,36 @@ HAK_INLINE bool cxx_mine(void) {
         return cxx_other_##name args;                                                              \
     }
 
-CXX_NEW_FORM(_Znwm, (size_t n), (n), cxx_new(n))
-CXX_NEW_FORM(_Znam, (size_t n), (n), cxx_new(n))
-CXX_NEW_FORM(_ZnwmSt11align_val_t, (size_t n, size_t a), (n, a), cxx_new_aligned(n, a))
-CXX_NEW_FORM(_ZnamSt11align_val_t, (size_t n, size_t a), (n, a), cxx_new_aligned(n, a))
-CXX_NOTHROW_FORM(_ZnwmRKSt9nothrow_t, (size_t n, const void *t), (n, t), front_malloc(n))
-CXX_NOTHROW_FORM(_ZnamRKSt9nothrow_t, (size_t n, const void *t), (n, t), front_malloc(n))
+CXX_NEW_FORM(_Znwm, (size_t n), (n), cxx_new(n, CXX_NEW))
+CXX_NEW_FORM(_Znam, (size_t n), (n), cxx_new(n, CXX_NEW_ARRAY))
+CXX_NEW_FORM(_ZnwmSt11align_val_t, (size_t n, size_t a), (n, a), cxx_new_aligned(n, a, CXX_NEW))
+CXX_NEW_FORM(_ZnamSt11align_val_t, (size_t n, size_t a), (n, a),
+             cxx_new_aligned(n, a, CXX_NEW_ARRAY))
+CXX_NOTHROW_FORM(_ZnwmRKSt9nothrow_t, (size_t n, const void *t), (n, t),
+                 front_malloc_as(n, CXX_NEW))
+CXX_NOTHROW_FORM(_ZnamRKSt9nothrow_t, (size_t n, const void *t), (n, t),
+                 front_malloc_as(n, CXX_NEW_ARRAY))
 CXX_NOTHROW_FORM(_ZnwmSt11align_val_tRKSt9nothrow_t, (size_t n, size_t a, const void *t), (n, a, t),
-                 hak_aligned_alloc(a, n))
+                 front_aligned_as(a, n, CXX_NEW))
 CXX_NOTHROW_FORM(_ZnamSt11align_val_tRKSt9nothrow_t, (size_t n, size_t a, const void *t), (n, a, t),
-                 hak_aligned_alloc(a, n))
-CXX_DELETE_FORM(_ZdlPv, (void *p), (p), cxx_delete(p))
-CXX_DELETE_FORM(_ZdaPv, (void *p), (p), cxx_delete(p))
-CXX_DELETE_FORM(_ZdlPvRKSt9nothrow_t, (void *p, const void *t), (p, t), cxx_delete(p))
-CXX_DELETE_FORM(_ZdaPvRKSt9nothrow_t, (void *p, const void *t), (p, t), cxx_delete(p))
-CXX_DELETE_FORM(_ZdlPvSt11align_val_t, (void *p, size_t a), (p, a), cxx_delete(p))
-CXX_DELETE_FORM(_ZdaPvSt11align_val_t, (void *p, size_t a), (p, a), cxx_delete(p))
+                 front_aligned_as(a, n, CXX_NEW_ARRAY))
+CXX_DELETE_FORM(_ZdlPv, (void *p), (p), cxx_delete(p, CXX_DELETE))
+CXX_DELETE_FORM(_ZdaPv, (void *p), (p), cxx_delete(p, CXX_DELETE_ARRAY))
+CXX_DELETE_FORM(_ZdlPvRKSt9nothrow_t, (void *p, const void *t), (p, t), cxx_delete(p, CXX_DELETE))
+CXX_DELETE_FORM(_ZdaPvRKSt9nothrow_t, (void *p, const void *t), (p, t),
+                cxx_delete(p, CXX_DELETE_ARRAY))
+CXX_DELETE_FORM(_ZdlPvSt11align_val_t, (void *p, size_t a), (p, a), cxx_delete(p, CXX_DELETE))
+CXX_DELETE_FORM(_ZdaPvSt11align_val_t, (void *p, size_t a), (p, a), cxx_delete(p, CXX_DELETE_ARRAY))
 CXX_DELETE_FORM(_ZdlPvSt11align_val_tRKSt9nothrow_t, (void *p, size_t a, const void *t), (p, a, t),
-                cxx_delete(p))
+                cxx_delete(p, CXX_DELETE))
 CXX_DELETE_FORM(_ZdaPvSt11align_val_tRKSt9nothrow_t, (void *p, size_t a, const void *t), (p, a, t),
-                cxx_delete(p))
-CXX_DELETE_FORM(_ZdlPvm, (void *p, size_t n), (p, n), cxx_delete_sized(p, n))
-CXX_DELETE_FORM(_ZdaPvm, (void *p, size_t n), (p, n), cxx_delete_sized(p, n))
+                cxx_delete(p, CXX_DELETE_ARRAY))
+CXX_DELETE_FORM(_ZdlPvm, (void *p, size_t n), (p, n), cxx_delete_sized(p, n, CXX_DELETE))
+CXX_DELETE_FORM(_ZdaPvm, (void *p, size_t n), (p, n), cxx_delete_sized(p, n, CXX_DELETE_ARRAY))
 CXX_DELETE_FORM(_ZdlPvmSt11align_val_t, (void *p, size_t n, size_t a), (p, n, a),
-                cxx_delete_sized_aligned(p, n, a))
+                cxx_delete_sized_aligned(p, n, a, CXX_DELETE))
 CXX_DELETE_FORM(_ZdaPvmSt11align_val_t, (void *p, size_t n, size_t a), (p, n, a),
-                cxx_delete_sized_aligned(p, n, a))
+                cxx_delete_sized_aligned(p, n, a, CXX_DELETE_ARRAY))
 
 /* This file's definitions under hidden names: where a name resolves to
  * another definition, the program replaced that form. */

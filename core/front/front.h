@@ -7,6 +7,7 @@
 
 #include "box/diag.h"
 #include "box/rmap.h"
+#include "check.h"
 #include "large.h"
 #include "pool.h"
 #include "l25.h"
@@ -16,8 +17,9 @@
  * SMALL_NCLASSES for a Large block): the tiers' slow paths, and when the OS
  * refused memory, once more after every cache gave its memory back
  * (api.c). Out of line, so the fast path below keeps its arguments in
- * their registers and tail-jumps here. */
-void *front_malloc_miss(size_t n, uint32_t cls);
+ * their registers and tail-jumps here. f: the family allocating, for the
+ * checked tier (HAKMEM_CHECK), which serves every miss while on. */
+void *front_malloc_miss(size_t n, uint32_t cls, enum chk_family f);
 /* A block of small class cls the thread cache had none of, for
  * front_alloc_class: the class's tier (NULL, errno ENOMEM, when even the
  * L2.5 tier has no memory). It and front_malloc_miss share the one place
@@ -25,7 +27,7 @@ void *front_malloc_miss(size_t n, uint32_t cls);
  * front_class_slow). */
 void *front_class_miss(uint32_t cls);
 
-HAK_INLINE void *front_malloc(size_t n) {
+HAK_INLINE void *front_malloc_as(size_t n, enum chk_family f) {
     void *p = NULL;
     uint32_t cls = SMALL_NCLASSES;
     if (hak_likely(n < TINY_LUT_N)) {
@@ -41,7 +43,11 @@ HAK_INLINE void *front_malloc(size_t n) {
         cls = small_class_of(n);
         p = l25_alloc_fast(cls);
     }
-    return hak_likely(p != NULL) ? p : front_malloc_miss(n, cls);
+    return hak_likely(p != NULL) ? p : front_malloc_miss(n, cls, f);
+}
+
+HAK_INLINE void *front_malloc(size_t n) {
+    return front_malloc_as(n, CHK_MALLOC);
 }
 
 /* A block of class cls from whichever tier serves that class. */
@@ -72,6 +78,10 @@ HAK_INLINE void front_free(void *p, const char *fn) {
         large_free(p, e, fn);
         return;
     }
+    if (rmap_kind_of(e) == RMAP_CHECK) {
+        chk_free(p, e, fn);
+        return;
+    }
     if (p != NULL) diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
 }
 
@@ -91,6 +101,10 @@ void front_describe(const void *p, struct front_block *b);
  * realloc may have shrunk it in place. False, with nothing done, when p is
  * not a live block. */
 bool front_free_sized_slow(void *p, size_t n, size_t align, bool exact, const char *fn);
+
+/* aligned_alloc for family f, with the retry of an out-of-memory failure
+ * (C++ aligned new). */
+void *front_aligned_as(size_t align, size_t n, enum chk_family f);
 
 /* Free p, which the caller says was allocated for n bytes (see above). A
  * pointer into the SuperSlab range with n's class is freed, or reported,

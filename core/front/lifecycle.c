@@ -6,6 +6,7 @@
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/stats.h"
+#include "check.h"
 #include "large.h"
 #include "pool.h"
 #include "l25.h"
@@ -49,6 +50,7 @@ static void life_thread_exit(void *unused) {
  * between our prepare and our parent/child handler and may allocate: the
  * forking thread marks itself so its lock sites skip the locks it holds. */
 static void life_fork_prepare(void) {
+    chk_fork_prepare();
     tiny_fork_prepare(); /* before ss: the Tiny lock is taken outside the SuperSlab lock */
     ss_fork_prepare();
     pool_fork_prepare();
@@ -68,6 +70,7 @@ static void life_fork_release(void) {
     pool_fork_release();
     ss_fork_release();
     tiny_fork_release();
+    chk_fork_release();
 }
 
 static void life_fork_child(void) {
@@ -80,6 +83,7 @@ static void life_begin(void) {
     if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_NEW) return;
     if (!atomic_compare_exchange_strong(&life_state, &s, LIFE_STARTING)) return;
     config_load();
+    if (hak_cfg.check) chk_start();
     life_key_ok = pthread_key_create(&life_key, life_thread_exit) == 0;
     pthread_atfork(life_fork_prepare, life_fork_release, life_fork_child);
     atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
@@ -114,5 +118,6 @@ __attribute__((constructor)) static void life_start(void) {
 }
 
 __attribute__((destructor)) static void life_end(void) {
+    chk_exit(); /* what waits in quarantine was not written since its free */
     if (hak_cfg.stats) stats_print(2);
 }

@@ -1,0 +1,720 @@
+/* Checked tier: see check.h for the layout and what each check finds. */
+#include "check.h"
+
+#include "box/diag.h"
+#include "box/lock.h"
+#include "box/os.h"
+#include "box/rmap.h"
+#include "box/secret.h"
+#include "sizeclass.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+HAK_HIDDEN bool chk_on;
+
+/* A region entry's payload: what the region holds in its low two bits; above
+ * them a slab region's class, or how many regions back a mapping starts. */
+enum { CHK_SLAB, CHK_BIG, CHK_ZERO };
+static inline uint32_t chk_sub(uint32_t e) {
+    return rmap_payload(e) & 3u;
+}
+static inline uint32_t chk_arg(uint32_t e) {
+    return rmap_payload(e) >> 2;
+}
+static inline uint32_t chk_payload(uint32_t arg, uint32_t sub) {
+    return arg << 2 | sub;
+}
+
+#define CHK_HDR       ((size_t)16)
+#define CHK_SLOT_MAX  ((size_t)128 << 10)               /* bigger slots: a mapping each */
+#define CHK_FIRST     ((size_t)64)                      /* a slab region's descriptor, then slots */
+#define CHK_SLOTS_END (HAK_REGION_SIZE - HAK_PAGE_SIZE) /* then a guard page */
+/* Canary bytes after a big block checked at free. Past them the block's
+ * slack (room realloc left to grow in place) and then the guard page. */
+#define CHK_BIG_TAIL ((size_t)64)
+
+enum { CHK_LIVE = 1, CHK_FREED = 2 };
+
+static const char *const chk_family_names[] = {"malloc", "operator new", "operator new[]"};
+
+/* ---- values from the secret ---------------------------------------------- */
+
+static inline uint64_t chk_mix(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+/* word0 is a slot's header xor this: a pointer whose "header" decodes to
+ * nothing valid is no block. */
+static inline uint64_t chk_key(uintptr_t slot) {
+    return chk_mix(slot ^ hak_secret());
+}
+/* Canary bytes of a slot (or big mapping): the byte at address x is byte
+ * x % 8 of this word. The high bits set: text and string terminators, the
+ * commonest overflows, never match. */
+static inline uint64_t chk_canary(uintptr_t slot) {
+    return chk_mix(slot + hak_secret()) | 0x8080808080808080ull;
+}
+/* A free slot's link to the next (word1) is xored with this. */
+static inline uint64_t chk_link_key(uintptr_t slot) {
+    return chk_mix(slot - hak_secret());
+}
+static uint8_t chk_wipe_byte; /* what freed slots are filled with */
+
+/* Fill [a, end) with the pattern w (byte x % 8 of w at address x). */
+static void chk_paint(uintptr_t a, uintptr_t end, uint64_t w) {
+    for (; a < end && (a & 7); a++)
+        *(uint8_t *)a = (uint8_t)(w >> (a & 7) * 8);
+    for (; a + 8 <= end; a += 8)
+        memcpy((void *)a, &w, 8);
+    for (; a < end; a++)
+        *(uint8_t *)a = (uint8_t)(w >> (a & 7) * 8);
+}
+
+/* The first byte of [a, end) that is not the pattern w; end when none. */
+static uintptr_t chk_unpainted(uintptr_t a, uintptr_t end, uint64_t w) {
+    for (; a < end && (a & 7); a++)
+        if (*(const uint8_t *)a != (uint8_t)(w >> (a & 7) * 8)) return a;
+    /* 32 bytes a step, with no branch inside: the compiler vectorises it. */
+    for (; a + 32 <= end; a += 32) {
+        uint64_t v[4];
+        memcpy(v, (const void *)a, 32);
+        if (((v[0] ^ w) | (v[1] ^ w) | (v[2] ^ w) | (v[3] ^ w)) != 0) break;
+    }
+    for (; a + 8 <= end; a += 8) {
+        uint64_t v;
+        memcpy(&v, (const void *)a, 8);
+        if (v != w) return a + (uintptr_t)__builtin_ctzll(v ^ w) / 8;
+    }
+    for (; a < end; a++)
+        if (*(const uint8_t *)a != (uint8_t)(w >> (a & 7) * 8)) return a;
+    return end;
+}
+
+static inline uint64_t chk_wipe_word(void) {
+    return chk_wipe_byte * 0x0101010101010101ull;
+}
+
+/* ---- reports ---------------------------------------------------------------- */
+
+static _Noreturn void chk_report(const char *fn, enum diag_kind kind, uintptr_t p, size_t n,
+                                 ptrdiff_t at) {
+    diag_bug(&(struct diag_bug){
+        .fn = fn, .kind = kind, .p = (void *)p, .tier = DIAG_CHECKED, .block = n, .at = at});
+}
+
+/* The family a freeing call frees. */
+static unsigned chk_family_of(const char *fn) {
+    if (strncmp(fn, "operator delete", 15) != 0) return CHK_MALLOC;
+    return fn[15] == '[' ? CHK_NEW_ARRAY : CHK_NEW;
+}
+
+static void chk_check_family(const char *fn, uintptr_t p, size_t n, unsigned fam) {
+    if (hak_likely(chk_family_of(fn) == fam)) return;
+    diag_bug(&(struct diag_bug){.fn = fn,
+                                .kind = DIAG_MISMATCHED_FREE,
+                                .p = (void *)p,
+                                .tier = DIAG_CHECKED,
+                                .block = n,
+                                .by = chk_family_names[fam]});
+}
+
+/* ---- slab regions ------------------------------------------------------------ */
+
+struct chk_region {
+    uint32_t cls;
+    uint32_t size; /* slot size */
+    uint32_t nslots;
+    _Atomic uint32_t carved; /* slots cut so far, from the front */
+};
+
+struct chk_class {
+    pthread_mutex_t lock;
+    uintptr_t free;         /* free slots, linked through word1 (encoded) */
+    struct chk_region *cur; /* the region slots are cut from */
+};
+static struct chk_class chk_classes[SMALL_NCLASSES] = {
+    [0 ... SMALL_NCLASSES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+/* What a slot's word0 says. */
+struct chk_slot {
+    size_t n;     /* bytes asked */
+    unsigned fam; /* enum chk_family */
+    unsigned state;
+    size_t uoff; /* the block's offset in the slot */
+};
+
+static inline uint64_t chk_info(size_t n, unsigned fam, unsigned state, size_t uoff) {
+    return (uint64_t)n | (uint64_t)fam << 40 | (uint64_t)state << 42 | (uint64_t)(uoff / 16) << 44;
+}
+
+static inline _Atomic uint64_t *chk_word0(uintptr_t slot) {
+    return (_Atomic uint64_t *)slot;
+}
+
+/* Decode slot's word0; false when it is no header (overwritten, or no
+ * block was ever there). */
+static bool chk_read(uintptr_t slot, size_t size, struct chk_slot *s) {
+    uint64_t i = atomic_load_explicit(chk_word0(slot), memory_order_acquire) ^ chk_key(slot);
+    s->n = i & ((1ull << 40) - 1);
+    s->fam = i >> 40 & 3;
+    s->state = i >> 42 & 3;
+    s->uoff = (i >> 44 & 0x1fff) * 16;
+    return (i >> 57) == 0 && (s->state == CHK_LIVE || s->state == CHK_FREED) &&
+           s->fam <= CHK_NEW_ARRAY && s->uoff >= CHK_HDR && s->uoff + s->n < size;
+}
+
+static inline struct chk_region *chk_region_of(uintptr_t a) {
+    return (struct chk_region *)rmap_region_base((void *)a);
+}
+
+/* The slot whose block could start at a (from its header on), or 0. */
+static uintptr_t chk_slot_of(uintptr_t a, const struct chk_region *r) {
+    uintptr_t first = (uintptr_t)r + CHK_FIRST;
+    if ((a & 15) || a < first + CHK_HDR) return 0;
+    size_t i = (a - first - CHK_HDR) / r->size;
+    if (i >= atomic_load_explicit(&r->carved, memory_order_acquire)) return 0;
+    return first + i * r->size;
+}
+
+static struct chk_region *chk_region_new(uint32_t cls) {
+    uint8_t *base = os_map_aligned(HAK_REGION_SIZE, HAK_REGION_SIZE);
+    if (base == NULL) return NULL;
+    if (!rmap_set_region(base, RMAP_CHECK, chk_payload(cls, CHK_SLAB))) {
+        os_unmap(base, HAK_REGION_SIZE);
+        return NULL;
+    }
+    (void)os_guard(base + CHK_SLOTS_END, HAK_PAGE_SIZE); /* refused: no guard, no harm */
+    struct chk_region *r = (struct chk_region *)base;
+    r->cls = cls;
+    r->size = small_class_size[cls];
+    r->nslots = (uint32_t)((CHK_SLOTS_END - CHK_FIRST) / r->size);
+    return r;
+}
+
+/* A never-used slot of class c (lock held); 0 when no memory. */
+static uintptr_t chk_carve(struct chk_class *c, uint32_t cls) {
+    struct chk_region *r = c->cur;
+    if (r == NULL || atomic_load_explicit(&r->carved, memory_order_relaxed) == r->nslots) {
+        if ((r = chk_region_new(cls)) == NULL) return 0;
+        c->cur = r;
+    }
+    uint32_t i = atomic_load_explicit(&r->carved, memory_order_relaxed);
+    atomic_store_explicit(&r->carved, i + 1, memory_order_release);
+    return (uintptr_t)r + CHK_FIRST + (size_t)i * r->size;
+}
+
+static inline uintptr_t chk_link(uintptr_t slot) {
+    uint64_t v;
+    memcpy(&v, (const void *)(slot + 8), 8);
+    return (uintptr_t)(v ^ chk_link_key(slot));
+}
+static inline void chk_set_link(uintptr_t slot, uintptr_t next) {
+    uint64_t v = next ^ chk_link_key(slot);
+    memcpy((void *)(slot + 8), &v, 8);
+}
+
+/* A decoded link must be 0 or a slot of the same class. */
+static bool chk_link_ok(uintptr_t next, uint32_t cls) {
+    if (next == 0) return true;
+    if (rmap_get((void *)next) != rmap_entry(RMAP_CHECK, chk_payload(cls, CHK_SLAB))) return false;
+    const struct chk_region *r = chk_region_of(next);
+    return next >= (uintptr_t)r + CHK_FIRST && chk_slot_of(next + CHK_HDR, r) == next;
+}
+
+/* Where a freed slot's block was, for reports: its start and size. */
+static uintptr_t chk_old_block(uintptr_t slot, size_t size, size_t *n) {
+    struct chk_slot s;
+    *n = 0;
+    if (!chk_read(slot, size, &s)) return slot + CHK_HDR;
+    *n = s.n;
+    return slot + s.uoff;
+}
+
+/* A slot leaving the free list: every byte after its header must still be
+ * the wipe pattern. */
+static void chk_verify_wipe(uintptr_t slot, size_t size, const char *fn) {
+    uintptr_t bad = chk_unpainted(slot + CHK_HDR, slot + size, chk_wipe_word());
+    if (hak_likely(bad == slot + size)) return;
+    size_t n;
+    uintptr_t u = chk_old_block(slot, size, &n);
+    chk_report(fn, DIAG_WRITE_AFTER_FREE, u, n, (ptrdiff_t)(bad - u));
+}
+
+static void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
+    uint32_t cls = small_class_of(n + align - HAK_MIN_ALIGN + CHK_HDR + 1);
+    struct chk_class *c = &chk_classes[cls];
+    size_t size = small_class_size[cls];
+    hak_lock(&c->lock);
+    uintptr_t slot = c->free;
+    bool wiped = slot != 0;
+    if (wiped) {
+        uintptr_t next = chk_link(slot);
+        if (hak_unlikely(!chk_link_ok(next, cls))) {
+            hak_unlock(&c->lock);
+            size_t old;
+            uintptr_t u = chk_old_block(slot, size, &old);
+            chk_report("malloc", DIAG_WRITE_AFTER_FREE, u, old, (ptrdiff_t)(slot + 8 - u));
+        }
+        c->free = next;
+    } else {
+        slot = chk_carve(c, cls);
+    }
+    hak_unlock(&c->lock);
+    if (slot == 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (wiped) chk_verify_wipe(slot, size, "malloc");
+    uintptr_t u = hak_align_up(slot + CHK_HDR, align);
+    uint64_t w = chk_canary(slot);
+    chk_paint(slot + 8, u, w);        /* word1 and the gap below an aligned block */
+    chk_paint(u + n, slot + size, w); /* the tail */
+    atomic_store_explicit(chk_word0(slot), chk_info(n, fam, CHK_LIVE, u - slot) ^ chk_key(slot),
+                          memory_order_release);
+    return (void *)u;
+}
+
+/* Slab block a's canaries: below it from word1 on, after it to the slot's end. */
+static void chk_slab_canaries(uintptr_t slot, size_t size, const struct chk_slot *s,
+                              const char *fn) {
+    uintptr_t u = slot + s->uoff, end = slot + size;
+    uint64_t w = chk_canary(slot);
+    uintptr_t bad = chk_unpainted(slot + 8, u, w);
+    if (bad != u) chk_report(fn, DIAG_HEAP_UNDERFLOW, u, s->n, -(ptrdiff_t)(u - bad));
+    bad = chk_unpainted(u + s->n, end, w);
+    if (bad != end) chk_report(fn, DIAG_HEAP_OVERFLOW, u, s->n, (ptrdiff_t)(bad - u));
+}
+
+/* ---- big blocks: a mapping each ------------------------------------------------ */
+
+/* In the mapping's first page; then a guard page, the block's pages (the
+ * block at their end, give or take alignment and room to grow), and guard
+ * pages to the mapping's end. */
+struct chk_big {
+    uint64_t check; /* chk_key(base) ^ u: this is a descriptor, for this block */
+    uintptr_t u;
+    size_t n;   /* bytes asked */
+    size_t map; /* the mapping's size */
+    uintptr_t data, end;
+    _Atomic uint32_t state;
+    uint32_t fam;
+};
+
+static void chk_big_tail(const struct chk_big *b) {
+    uintptr_t t = b->u + b->n, end = b->end - t > CHK_BIG_TAIL ? t + CHK_BIG_TAIL : b->end;
+    chk_paint(t, end, chk_canary((uintptr_t)b));
+}
+
+/* A block of n bytes with room for cap >= n in place. */
+static void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap) {
+    if (cap > HAK_MAX_REQUEST - align - 4 * HAK_REGION_SIZE) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t data_len = hak_align_up(cap + align + CHK_HDR, HAK_PAGE_SIZE);
+    size_t map = hak_align_up(3 * HAK_PAGE_SIZE + data_len, HAK_REGION_SIZE);
+    uint8_t *base = os_map_aligned(map, HAK_REGION_SIZE);
+    if (base == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    for (size_t i = 0; i < map / HAK_REGION_SIZE; i++)
+        if (!rmap_set_region(base + i * HAK_REGION_SIZE, RMAP_CHECK,
+                             chk_payload((uint32_t)i, CHK_BIG))) {
+            rmap_clear_span(base, map);
+            os_unmap(base, map);
+            errno = ENOMEM;
+            return NULL;
+        }
+    struct chk_big *b = (struct chk_big *)base;
+    b->data = (uintptr_t)base + 2 * HAK_PAGE_SIZE;
+    b->end = b->data + data_len;
+    (void)os_guard(base + HAK_PAGE_SIZE, HAK_PAGE_SIZE);
+    (void)os_guard((void *)b->end, (uintptr_t)base + map - b->end);
+    b->u = (b->end - cap) & ~(uintptr_t)(align - 1);
+    b->n = n;
+    b->map = map;
+    b->fam = fam;
+    b->check = chk_key((uintptr_t)base) ^ b->u;
+    chk_paint(b->u - 8, b->u, chk_canary((uintptr_t)base));
+    chk_big_tail(b);
+    atomic_store_explicit(&b->state, CHK_LIVE, memory_order_release);
+    return (void *)b->u;
+}
+
+static void chk_big_canaries(const struct chk_big *b, const char *fn) {
+    uint64_t w = chk_canary((uintptr_t)b);
+    uintptr_t bad = chk_unpainted(b->u - 8, b->u, w);
+    if (bad != b->u) chk_report(fn, DIAG_HEAP_UNDERFLOW, b->u, b->n, -(ptrdiff_t)(b->u - bad));
+    uintptr_t t = b->u + b->n, end = b->end - t > CHK_BIG_TAIL ? t + CHK_BIG_TAIL : b->end;
+    bad = chk_unpainted(t, end, w);
+    if (bad != end) chk_report(fn, DIAG_HEAP_OVERFLOW, b->u, b->n, (ptrdiff_t)(bad - b->u));
+}
+
+/* ---- malloc(0): unique addresses nothing can be read or written at --------- */
+
+#define CHK_ZERO_SPAN ((size_t)64 << 20) /* 4M zero-size blocks live at once */
+static uintptr_t chk_zero_base;
+static size_t chk_zero_n;               /* addresses in the span */
+static _Atomic uint64_t *chk_zero_live; /* a bit per address: handed out */
+static _Atomic size_t chk_zero_high;    /* addresses ever handed out, from the front */
+static size_t chk_zero_next;            /* where the search for a free one starts */
+static pthread_mutex_t chk_zero_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void chk_zero_start(void) {
+    size_t span = CHK_ZERO_SPAN;
+    void *base = os_reserve(&span, HAK_REGION_SIZE, HAK_REGION_SIZE);
+    if (base == NULL) return;
+    size_t n = span / 16;
+    void *bits = os_map_aligned(hak_align_up(n / 8, HAK_PAGE_SIZE), HAK_PAGE_SIZE);
+    bool ok = bits != NULL;
+    for (size_t i = 0; ok && i < span / HAK_REGION_SIZE; i++)
+        ok = rmap_set_region((uint8_t *)base + i * HAK_REGION_SIZE, RMAP_CHECK,
+                             chk_payload((uint32_t)i, CHK_ZERO));
+    if (!ok) {
+        rmap_clear_span(base, span);
+        os_unmap(base, span);
+        if (bits) os_unmap(bits, hak_align_up(n / 8, HAK_PAGE_SIZE));
+        return;
+    }
+    chk_zero_live = bits;
+    chk_zero_n = n;
+    chk_zero_base = (uintptr_t)base;
+}
+
+static void *chk_zero_alloc(void) {
+    if (chk_zero_base == 0) return NULL;
+    size_t words = chk_zero_n / 64;
+    void *p = NULL;
+    hak_lock(&chk_zero_lock);
+    for (size_t k = 0, w = chk_zero_next / 64; k <= words; k++, w = (w + 1) % words) {
+        uint64_t v = atomic_load_explicit(&chk_zero_live[w], memory_order_relaxed);
+        if (v == ~0ull) continue;
+        size_t i = w * 64 + (size_t)__builtin_ctzll(~v);
+        atomic_fetch_or_explicit(&chk_zero_live[w], 1ull << (i % 64), memory_order_relaxed);
+        chk_zero_next = (i + 1) % chk_zero_n;
+        if (i + 1 > atomic_load_explicit(&chk_zero_high, memory_order_relaxed))
+            atomic_store_explicit(&chk_zero_high, i + 1, memory_order_relaxed);
+        p = (void *)(chk_zero_base + i * 16);
+        break;
+    }
+    hak_unlock(&chk_zero_lock);
+    return p;
+}
+
+/* Is zero-size block a live? Its index, or -1 (never handed out: not a
+ * block), or -2 (freed). */
+static ptrdiff_t chk_zero_find(uintptr_t a) {
+    size_t i = (a - chk_zero_base) / 16;
+    if (chk_zero_base == 0 || a < chk_zero_base || (a & 15) || i >= chk_zero_n) return -1;
+    if (atomic_load_explicit(&chk_zero_live[i / 64], memory_order_relaxed) >> (i % 64) & 1)
+        return (ptrdiff_t)i;
+    return i < atomic_load_explicit(&chk_zero_high, memory_order_relaxed) ? -2 : -1;
+}
+
+static void chk_zero_free(uintptr_t a, const char *fn) {
+    ptrdiff_t i = chk_zero_find(a);
+    if (i < 0)
+        diag_bad_pointer(fn, i == -2 ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, (void *)a,
+                         DIAG_CHECKED, 0);
+    size_t k = (size_t)i;
+    uint64_t bit = 1ull << (k % 64);
+    /* (Two threads freeing it at once: one finds the bit gone.) */
+    if (!(atomic_fetch_and_explicit(&chk_zero_live[k / 64], ~bit, memory_order_relaxed) & bit))
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, 0);
+}
+
+/* ---- quarantine ------------------------------------------------------------------ */
+
+/* A freed slot lands at a random place among CHK_Q_RAND, pushing the one
+ * there into a FIFO of up to CHK_Q_BYTES (and CHK_Q_RING slots); what leaves
+ * the FIFO goes back on its free list. So a block is reused neither at once
+ * nor in an order a program could count on. Big blocks, which hold no
+ * memory once freed, wait in a FIFO of their own, for their address space. */
+#define CHK_Q_RAND  64
+#define CHK_Q_RING  ((size_t)1 << 16)
+#define CHK_Q_BYTES ((size_t)16 << 20)
+#define CHK_Q_BIG   64
+static pthread_mutex_t chk_q_lock = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t chk_q_rand[CHK_Q_RAND];
+static uintptr_t *chk_q_ring; /* mapped by chk_start; NULL: no FIFO */
+static size_t chk_q_head, chk_q_n, chk_q_bytes;
+static uint64_t chk_q_rng;
+static uintptr_t chk_q_big[CHK_Q_BIG];
+static size_t chk_q_big_head, chk_q_big_n;
+
+static inline size_t chk_slot_size(uintptr_t slot) {
+    return chk_region_of(slot)->size;
+}
+
+/* A slot out of quarantine: onto its class's free list. */
+static void chk_release(uintptr_t slot) {
+    struct chk_class *c = &chk_classes[chk_region_of(slot)->cls];
+    hak_lock(&c->lock);
+    chk_set_link(slot, c->free);
+    c->free = slot;
+    hak_unlock(&c->lock);
+}
+
+static uintptr_t chk_q_pop(void) {
+    uintptr_t x = chk_q_ring[chk_q_head];
+    chk_q_head = (chk_q_head + 1) % CHK_Q_RING;
+    chk_q_n--;
+    chk_q_bytes -= chk_slot_size(x);
+    return x;
+}
+
+static void chk_quarantine(uintptr_t slot, size_t size) {
+    uintptr_t out[8];
+    size_t nout = 0;
+    hak_lock(&chk_q_lock);
+    chk_q_rng ^= chk_q_rng << 13;
+    chk_q_rng ^= chk_q_rng >> 7;
+    chk_q_rng ^= chk_q_rng << 17;
+    size_t i = (size_t)(chk_q_rng % CHK_Q_RAND);
+    uintptr_t x = chk_q_rand[i];
+    chk_q_rand[i] = slot;
+    chk_q_bytes += size;
+    if (x != 0) {
+        if (chk_q_ring == NULL) {
+            chk_q_bytes -= chk_slot_size(x);
+            out[nout++] = x;
+        } else {
+            if (chk_q_n == CHK_Q_RING) out[nout++] = chk_q_pop();
+            chk_q_ring[(chk_q_head + chk_q_n++) % CHK_Q_RING] = x;
+        }
+    }
+    while (chk_q_bytes > CHK_Q_BYTES && chk_q_n > 0 && nout < 8)
+        out[nout++] = chk_q_pop();
+    hak_unlock(&chk_q_lock);
+    for (size_t k = 0; k < nout; k++)
+        chk_release(out[k]);
+}
+
+static void chk_quarantine_big(struct chk_big *b) {
+    struct chk_big *old = NULL;
+    hak_lock(&chk_q_lock);
+    if (chk_q_big_n == CHK_Q_BIG) {
+        old = (struct chk_big *)chk_q_big[chk_q_big_head];
+        chk_q_big_head = (chk_q_big_head + 1) % CHK_Q_BIG;
+        chk_q_big_n--;
+    }
+    chk_q_big[(chk_q_big_head + chk_q_big_n++) % CHK_Q_BIG] = (uintptr_t)b;
+    hak_unlock(&chk_q_lock);
+    if (old != NULL) {
+        size_t map = old->map;
+        rmap_clear_span(old, map);
+        os_unmap(old, map);
+    }
+}
+
+/* ---- one block, whatever its kind --------------------------------------------- */
+
+struct chk_block {
+    uint32_t sub;   /* CHK_SLAB, CHK_BIG, CHK_ZERO */
+    uintptr_t slot; /* a slab block's slot; a big block's mapping */
+    size_t size;    /* a slab block's slot size */
+    struct chk_slot s;
+};
+
+/* p (entry e) as a live block: anything else is reported. */
+static void chk_live(uintptr_t a, uint32_t e, const char *fn, struct chk_block *b) {
+    b->sub = chk_sub(e);
+    if (b->sub == CHK_ZERO) {
+        ptrdiff_t i = chk_zero_find(a);
+        if (i < 0)
+            diag_bad_pointer(fn, i == -2 ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, (void *)a,
+                             DIAG_CHECKED, 0);
+        b->s = (struct chk_slot){.n = 0, .fam = CHK_MALLOC, .state = CHK_LIVE};
+        return;
+    }
+    if (b->sub == CHK_BIG) {
+        uintptr_t base = rmap_region_base((void *)a) - (uintptr_t)chk_arg(e) * HAK_REGION_SIZE;
+        struct chk_big *g = (struct chk_big *)base;
+        if (g->u != a || g->check != (chk_key(base) ^ a))
+            diag_bad_pointer(fn, DIAG_INVALID_POINTER, (void *)a, DIAG_CHECKED, 0);
+        if (atomic_load_explicit(&g->state, memory_order_acquire) != CHK_LIVE)
+            diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, g->n);
+        b->slot = base;
+        b->s = (struct chk_slot){.n = g->n, .fam = g->fam, .state = CHK_LIVE};
+        return;
+    }
+    const struct chk_region *r = chk_region_of(a);
+    b->slot = chk_slot_of(a, r);
+    b->size = r->size;
+    if (b->slot == 0) diag_bad_pointer(fn, DIAG_INVALID_POINTER, (void *)a, DIAG_CHECKED, 0);
+    bool ok = chk_read(b->slot, b->size, &b->s);
+    if (ok && b->slot + b->s.uoff == a) {
+        if (b->s.state != CHK_LIVE)
+            diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
+        return;
+    }
+    /* A block starting here whose header was overwritten: an underflow
+     * reaching at least word0, below the canary. */
+    if (!ok && a == b->slot + CHK_HDR)
+        chk_report(fn, DIAG_HEAP_UNDERFLOW, a, 0, -(ptrdiff_t)CHK_HDR);
+    diag_bad_pointer(fn, DIAG_INVALID_POINTER, (void *)a, DIAG_CHECKED, 0);
+}
+
+/* Every check of a live block before it is freed or resized. */
+static void chk_inspect(uintptr_t a, const struct chk_block *b, const char *fn) {
+    if (b->sub == CHK_SLAB) chk_slab_canaries(b->slot, b->size, &b->s, fn);
+    if (b->sub == CHK_BIG) chk_big_canaries((const struct chk_big *)b->slot, fn);
+    if (b->sub != CHK_ZERO) chk_check_family(fn, a, b->s.n, b->s.fam);
+}
+
+static void chk_release_block(uintptr_t a, const struct chk_block *b, const char *fn) {
+    if (b->sub == CHK_ZERO) {
+        chk_zero_free(a, fn);
+        return;
+    }
+    if (b->sub == CHK_BIG) {
+        struct chk_big *g = (struct chk_big *)b->slot;
+        uint32_t live = CHK_LIVE;
+        if (!atomic_compare_exchange_strong(&g->state, &live, CHK_FREED))
+            diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, g->n);
+        /* Its pages go; what is left reads as zeros and faults when written. */
+        os_uncommit((void *)g->data, g->end - g->data);
+        chk_quarantine_big(g);
+        return;
+    }
+    uint64_t live = chk_info(b->s.n, b->s.fam, CHK_LIVE, b->s.uoff) ^ chk_key(b->slot);
+    uint64_t freed = live ^ (uint64_t)(CHK_LIVE ^ CHK_FREED) << 42;
+    if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, freed))
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
+    memset((void *)(b->slot + CHK_HDR), chk_wipe_byte, b->size - CHK_HDR);
+    chk_quarantine(b->slot, b->size);
+}
+
+/* ---- the tier's interface -------------------------------------------------------- */
+
+void *chk_alloc(size_t n, size_t align, enum chk_family f) {
+    if (align < HAK_MIN_ALIGN) align = HAK_MIN_ALIGN;
+    if (n == 0 && align == HAK_MIN_ALIGN) {
+        void *z = chk_zero_alloc();
+        if (z != NULL) return z;
+    }
+    if (n > HAK_MAX_REQUEST || align > ((size_t)1 << 40)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (n + align - HAK_MIN_ALIGN + CHK_HDR + 1 <= CHK_SLOT_MAX) return chk_slab_alloc(n, align, f);
+    return chk_big_alloc(n, align, f, n);
+}
+
+void chk_free(void *p, uint32_t e, const char *fn) {
+    struct chk_block b;
+    chk_live((uintptr_t)p, e, fn, &b);
+    chk_inspect((uintptr_t)p, &b, fn);
+    chk_release_block((uintptr_t)p, &b, fn);
+}
+
+void *chk_realloc(void *p, uint32_t e, size_t n) {
+    uintptr_t a = (uintptr_t)p;
+    struct chk_block b;
+    chk_live(a, e, "realloc", &b);
+    chk_inspect(a, &b, "realloc");
+    if (b.sub == CHK_SLAB && n + b.s.uoff < b.size &&
+        small_class_of(n + b.s.uoff + 1) + 4 > chk_region_of(a)->cls) {
+        /* In place: the tail canary moves to the new end. */
+        chk_paint(a + n, b.slot + b.size, chk_canary(b.slot));
+        atomic_store_explicit(chk_word0(b.slot),
+                              chk_info(n, b.s.fam, CHK_LIVE, b.s.uoff) ^ chk_key(b.slot),
+                              memory_order_release);
+        return p;
+    }
+    if (b.sub == CHK_BIG) {
+        struct chk_big *g = (struct chk_big *)b.slot;
+        size_t room = g->end - a;
+        if (n <= room && n > room / 4 && n + CHK_HDR + 1 > CHK_SLOT_MAX) {
+            g->n = n;
+            chk_big_tail(g);
+            return p;
+        }
+    }
+    /* Moved. A big block that grows gets a quarter more room, so growing
+     * step by step copies a geometric series, not a square. */
+    void *q;
+    if (n + CHK_HDR + 1 <= CHK_SLOT_MAX)
+        q = chk_alloc(n, 0, CHK_MALLOC);
+    else
+        q = chk_big_alloc(n, HAK_MIN_ALIGN, CHK_MALLOC, n > b.s.n ? n + n / 4 : n);
+    if (q == NULL) return NULL;
+    memcpy(q, p, b.s.n < n ? b.s.n : n);
+    chk_release_block(a, &b, "realloc");
+    return q;
+}
+
+size_t chk_usable_size(const void *p, uint32_t e, const char *fn) {
+    struct chk_block b;
+    chk_live((uintptr_t)p, e, fn, &b);
+    return b.s.n;
+}
+
+bool chk_is_live(const void *p, uint32_t e, size_t *size) {
+    uintptr_t a = (uintptr_t)p;
+    *size = 0;
+    switch (chk_sub(e)) {
+    case CHK_ZERO:
+        return chk_zero_find(a) >= 0;
+    case CHK_BIG: {
+        uintptr_t base = rmap_region_base(p) - (uintptr_t)chk_arg(e) * HAK_REGION_SIZE;
+        const struct chk_big *g = (const struct chk_big *)base;
+        if (g->u != a || g->check != (chk_key(base) ^ a) ||
+            atomic_load_explicit(&g->state, memory_order_acquire) != CHK_LIVE)
+            return false;
+        *size = g->n;
+        return true;
+    }
+    default: {
+        const struct chk_region *r = chk_region_of(a);
+        uintptr_t slot = chk_slot_of(a, r);
+        struct chk_slot s;
+        if (slot == 0 || !chk_read(slot, r->size, &s) || slot + s.uoff != a || s.state != CHK_LIVE)
+            return false;
+        *size = s.n;
+        return true;
+    }
+    }
+}
+
+void chk_start(void) {
+    uint64_t s = hak_secret();
+    chk_wipe_byte = (uint8_t)(0x80 | (s >> 40 & 0x7f));
+    chk_q_rng = chk_mix(s) | 1;
+    chk_q_ring = os_map_aligned(CHK_Q_RING * sizeof(uintptr_t), HAK_PAGE_SIZE);
+    chk_zero_start();
+    chk_on = true;
+}
+
+void chk_exit(void) {
+    if (!chk_on) return;
+    hak_lock(&chk_q_lock);
+    for (size_t i = 0; i < CHK_Q_RAND; i++)
+        if (chk_q_rand[i]) chk_verify_wipe(chk_q_rand[i], chk_slot_size(chk_q_rand[i]), "exit");
+    for (size_t i = 0; i < chk_q_n; i++) {
+        uintptr_t x = chk_q_ring[(chk_q_head + i) % CHK_Q_RING];
+        chk_verify_wipe(x, chk_slot_size(x), "exit");
+    }
+    hak_unlock(&chk_q_lock);
+}
+
+void chk_fork_prepare(void) {
+    hak_lock(&chk_q_lock);
+    hak_lock(&chk_zero_lock);
+    for (uint32_t c = 0; c < SMALL_NCLASSES; c++)
+        hak_lock(&chk_classes[c].lock);
+}
+
+void chk_fork_release(void) {
+    for (uint32_t c = 0; c < SMALL_NCLASSES; c++)
+        hak_unlock(&chk_classes[c].lock);
+    hak_unlock(&chk_zero_lock);
+    hak_unlock(&chk_q_lock);
+}

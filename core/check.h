@@ -1,0 +1,61 @@
+/* Checked tier (HAKMEM_CHECK=1): while on, it serves every allocation, so
+ * that heap bugs are found where they happen, at a price in speed. The other
+ * tiers keep their fast paths untouched: with their thread caches empty,
+ * every malloc takes the miss path, which comes here; free finds the block's
+ * region marked RMAP_CHECK.
+ *
+ * A block below CHK_SLOT_MAX has a slot of its own in a 2 MiB region of one
+ * slot size, ending in a guard page:
+ *
+ *   [word0: size, family, state, block offset, xor a key][word1: canary]
+ *   [canary gap (aligned blocks)][block][canary to the slot's end]
+ *
+ * Canary bytes come from a per-process secret and have the high bit set, so
+ * no ASCII text and no string terminator matches them. free checks both
+ * canaries (underflow, overflow), the state (double free) and the family
+ * (free of new's block), wipes the slot with a pattern and puts it in a
+ * quarantine; malloc verifies the pattern before handing the slot out again
+ * (write after free), and so does exit for what is still in quarantine.
+ * Bigger blocks get a mapping each, the block's end against a guard page;
+ * freed, their pages are dropped and made read-only. malloc(0) gives a
+ * unique address in an inaccessible reservation. */
+#ifndef HAK_CHECK_H
+#define HAK_CHECK_H
+
+#include "sizes.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Which call allocated a block: its free must be the matching one. */
+enum chk_family { CHK_MALLOC, CHK_NEW, CHK_NEW_ARRAY };
+
+/* Set once at start-up (HAKMEM_CHECK=1); blocks allocated before stay in
+ * their tiers and are freed there. */
+extern HAK_HIDDEN bool chk_on;
+
+/* Turn the tier on: after the settings are read, before any thread caches. */
+void chk_start(void);
+
+/* A block of n bytes aligned to `align` (a power of two; 0 or up to 16: 16).
+ * NULL with errno ENOMEM when no memory. */
+void *chk_alloc(size_t n, size_t align, enum chk_family f);
+/* Free p, whose region entry is e (RMAP_CHECK); `fn` names the call, and
+ * says which family it frees ("operator delete", "operator delete[]", any
+ * other: malloc's). Anything wrong with p is reported and aborts. */
+void chk_free(void *p, uint32_t e, const char *fn);
+/* realloc of p (entry e) to n > 0 bytes; NULL (p untouched) when no memory. */
+void *chk_realloc(void *p, uint32_t e, size_t n);
+/* The size p was allocated for; reports, as free would, a p that is not a
+ * live block. */
+size_t chk_usable_size(const void *p, uint32_t e, const char *fn);
+/* Whether p is a live block, and its size. */
+bool chk_is_live(const void *p, uint32_t e, size_t *size);
+
+/* At exit: verify the blocks still in quarantine. */
+void chk_exit(void);
+void chk_fork_prepare(void);
+void chk_fork_release(void);
+
+#endif
