@@ -149,8 +149,15 @@ struct chk_slot {
     size_t uoff; /* the block's offset in the slot */
 };
 
-static inline uint64_t chk_info(size_t n, unsigned fam, unsigned state, size_t uoff) {
-    return (uint64_t)n | (uint64_t)fam << 40 | (uint64_t)state << 42 | (uint64_t)(uoff / 16) << 44;
+/* word0, before the xor with the key: the fields in the low CHK_INFO_BITS
+ * bits (size 20, family 2, state 2, offset/16 13), and above them a
+ * keyed hash of those, so that any change to the header shows. */
+#define CHK_INFO_BITS 37
+static inline uint64_t chk_info(uintptr_t slot, size_t n, unsigned fam, unsigned state,
+                                size_t uoff) {
+    uint64_t low =
+        (uint64_t)n | (uint64_t)fam << 20 | (uint64_t)state << 22 | (uint64_t)(uoff / 16) << 24;
+    return low | chk_mix(low ^ chk_key(slot)) >> CHK_INFO_BITS << CHK_INFO_BITS;
 }
 
 static inline _Atomic uint64_t *chk_word0(uintptr_t slot) {
@@ -160,13 +167,16 @@ static inline _Atomic uint64_t *chk_word0(uintptr_t slot) {
 /* Decode slot's word0; false when it is no header (overwritten, or no
  * block was ever there). */
 static bool chk_read(uintptr_t slot, size_t size, struct chk_slot *s) {
-    uint64_t i = atomic_load_explicit(chk_word0(slot), memory_order_acquire) ^ chk_key(slot);
-    s->n = i & ((1ull << 40) - 1);
-    s->fam = i >> 40 & 3;
-    s->state = i >> 42 & 3;
-    s->uoff = (i >> 44 & 0x1fff) * 16;
-    return (i >> 57) == 0 && (s->state == CHK_LIVE || s->state == CHK_FREED) &&
-           s->fam <= CHK_NEW_ARRAY && s->uoff >= CHK_HDR && s->uoff + s->n < size;
+    uint64_t key = chk_key(slot);
+    uint64_t i = atomic_load_explicit(chk_word0(slot), memory_order_acquire) ^ key;
+    uint64_t low = i & ((1ull << CHK_INFO_BITS) - 1);
+    s->n = low & ((1u << 20) - 1);
+    s->fam = low >> 20 & 3;
+    s->state = low >> 22 & 3;
+    s->uoff = (low >> 24) * 16;
+    return i >> CHK_INFO_BITS == chk_mix(low ^ key) >> CHK_INFO_BITS &&
+           (s->state == CHK_LIVE || s->state == CHK_FREED) && s->fam <= CHK_NEW_ARRAY &&
+           s->uoff >= CHK_HDR && s->uoff + s->n < size;
 }
 
 static inline struct chk_region *chk_region_of(uintptr_t a) {
@@ -275,7 +285,8 @@ static void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
     uint64_t w = chk_canary(slot);
     chk_paint(slot + 8, u, w);        /* word1 and the gap below an aligned block */
     chk_paint(u + n, slot + size, w); /* the tail */
-    atomic_store_explicit(chk_word0(slot), chk_info(n, fam, CHK_LIVE, u - slot) ^ chk_key(slot),
+    atomic_store_explicit(chk_word0(slot),
+                          chk_info(slot, n, fam, CHK_LIVE, u - slot) ^ chk_key(slot),
                           memory_order_release);
     return (void *)u;
 }
@@ -584,8 +595,9 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
         chk_quarantine_big(g);
         return;
     }
-    uint64_t live = chk_info(b->s.n, b->s.fam, CHK_LIVE, b->s.uoff) ^ chk_key(b->slot);
-    uint64_t freed = live ^ (uint64_t)(CHK_LIVE ^ CHK_FREED) << 42;
+    uint64_t key = chk_key(b->slot);
+    uint64_t live = chk_info(b->slot, b->s.n, b->s.fam, CHK_LIVE, b->s.uoff) ^ key;
+    uint64_t freed = chk_info(b->slot, b->s.n, b->s.fam, CHK_FREED, b->s.uoff) ^ key;
     if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, freed))
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
     memset((void *)(b->slot + CHK_HDR), chk_wipe_byte, b->size - CHK_HDR);
@@ -625,7 +637,7 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
         /* In place: the tail canary moves to the new end. */
         chk_paint(a + n, b.slot + b.size, chk_canary(b.slot));
         atomic_store_explicit(chk_word0(b.slot),
-                              chk_info(n, b.s.fam, CHK_LIVE, b.s.uoff) ^ chk_key(b.slot),
+                              chk_info(b.slot, n, b.s.fam, CHK_LIVE, b.s.uoff) ^ chk_key(b.slot),
                               memory_order_release);
         return p;
     }

@@ -1,0 +1,502 @@
+/* Checked mode (HAKMEM_CHECK=1, core/check.h): every kind of heap bug is
+ * reported, with its offset, for blocks of every size range (slab slots from
+ * a few bytes to 128 KiB, big blocks with mappings of their own), while
+ * correct use of every call runs clean. The program re-runs itself with
+ * HAKMEM_CHECK=1 (the setting is read once, at start-up). Each bad call runs
+ * in a fork()ed child (tests/death.h). */
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "death.h"
+
+#define KiB ((size_t)1024)
+#define MiB (KiB * 1024)
+
+/* C23; glibc 2.36's headers do not declare them yet. */
+void free_sized(void *ptr, size_t size);
+/* The C++ operators hakmem exports (core/front/cxx.c), called from C. */
+void *_Znwm(size_t n);
+void *_Znam(size_t n);
+void _ZdlPv(void *p);
+void _ZdaPv(void *p);
+
+/* Slab slots (tiny, small-mid, pool-sized) and big blocks (L2.5-, Large-
+ * sized). Each is 8 mod 16: 8 bytes of slack after the block, which the
+ * tail canary covers. */
+static const size_t sizes[] = {24, 3000, 20008, 200008, 3 * MiB + 8};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+#define BIG    (128 * KiB) /* from here blocks have mappings of their own */
+
+struct bug {
+    size_t n;
+    ptrdiff_t at; /* where the bad byte goes, from the block's start */
+    char *p;
+};
+
+static char *fresh(size_t n) {
+    char *p = malloc(n);
+    assert_non_null(p);
+    memset(p, 'a', n);
+    return p;
+}
+
+static void write_then_free(void *arg) {
+    struct bug *b = arg;
+    b->p[b->at] = 'x';
+    free(b->p);
+}
+
+static void test_mode_is_on(void **state) {
+    (void)state;
+    /* Only the checked tier knows the size asked: the others give classes. */
+    void *p = malloc(100);
+    assert_int_equal(malloc_usable_size(p), 100);
+    free(p);
+}
+
+static void test_overflow_reported_with_offset(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        struct bug b = {sizes[i], (ptrdiff_t)sizes[i], fresh(sizes[i])};
+        char line[200];
+        snprintf(line, sizeof line,
+                 "hakmem: free(): heap overflow %p (byte %zu written, block of %zu bytes, checked "
+                 "tier)",
+                 (void *)b.p, b.n, b.n);
+        expect_death(write_then_free, &b, line);
+        /* Further out: the first byte written is what is reported. */
+        b.at = (ptrdiff_t)b.n + 5;
+        snprintf(line, sizeof line,
+                 "hakmem: free(): heap overflow %p (byte %zu written, block of %zu bytes, checked "
+                 "tier)",
+                 (void *)b.p, b.n + 5, b.n);
+        expect_death(write_then_free, &b, line);
+        free(b.p);
+    }
+}
+
+/* A slab block whose size fills its slot still has a canary byte; a big
+ * block ending on its page ends against a guard page. */
+static void test_overflow_of_exact_sizes(void **state) {
+    (void)state;
+    struct bug b = {48, 48, fresh(48)};
+    char line[200];
+    snprintf(line, sizeof line, "hakmem: free(): heap overflow %p", (void *)b.p);
+    expect_death(write_then_free, &b, line);
+    free(b.p);
+    b = (struct bug){256 * KiB, 256 * KiB, fresh(256 * KiB)};
+    struct death d;
+    run_child(write_then_free, &b, &d);
+    assert_true(WIFSIGNALED(d.status) && WTERMSIG(d.status) == SIGSEGV);
+    free(b.p);
+}
+
+static void test_underflow_reported_with_offset(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        for (ptrdiff_t at = -1; at >= -8; at -= 7) {
+            struct bug b = {sizes[i], at, fresh(sizes[i])};
+            char line[200];
+            snprintf(line, sizeof line,
+                     "hakmem: free(): heap underflow %p (byte %td written, block of %zu bytes, "
+                     "checked tier)",
+                     (void *)b.p, at, b.n);
+            expect_death(write_then_free, &b, line);
+            free(b.p);
+        }
+    }
+}
+
+/* Past the canary, into the header: still an underflow (of unknown size). */
+static void test_header_overwrite_is_underflow(void **state) {
+    (void)state;
+    struct bug b = {100, -16, fresh(100)};
+    char line[200];
+    snprintf(line, sizeof line,
+             "hakmem: free(): heap underflow %p (byte -16 written, checked tier)", (void *)b.p);
+    expect_death(write_then_free, &b, line);
+    free(b.p);
+}
+
+static void free_twice(void *p) {
+    free(p);
+    free(p);
+}
+
+/* Fewer frees in between than the quarantine holds of these sizes. */
+static void free_twice_after_others(void *arg) {
+    struct bug *b = arg;
+    free(b->p);
+    for (int i = 0; i < 200; i++)
+        free(malloc(b->n));
+    free(b->p);
+}
+
+static void test_double_free_every_size(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        char *p = fresh(sizes[i]);
+        char line[200];
+        snprintf(line, sizeof line,
+                 "hakmem: free(): double free %p (block of %zu bytes, checked tier)", (void *)p,
+                 sizes[i]);
+        expect_death(free_twice, p, line);
+        struct bug b = {sizes[i], 0, p};
+        if (sizes[i] < BIG) expect_death(free_twice_after_others, &b, line);
+        free(p);
+    }
+}
+
+static void test_invalid_pointers(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        char *p = fresh(sizes[i]);
+        expect_free_abort(do_free, p + 16, "invalid pointer");
+        expect_free_abort(do_free, p + 1, "invalid pointer");
+        free(p);
+    }
+}
+
+/* Freed blocks are wiped; writes into them are found when the slot is
+ * handed out again, or at exit if it never was. */
+struct uaf {
+    size_t n;
+    size_t at;
+};
+
+static void write_after_free_then_exit(void *arg) {
+    struct uaf *u = arg;
+    char *p = fresh(u->n);
+    free(p);
+    p[u->at] = 'x';
+    exit(0); /* (not _exit: the check at exit runs in a destructor) */
+}
+
+static void test_write_after_free_found_at_exit(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        struct uaf u = {sizes[i], sizes[i] / 2};
+        struct death d;
+        run_child(write_after_free_then_exit, &u, &d);
+        if (sizes[i] >= BIG) {
+            /* A freed big block's pages are gone and read-only: the write faults. */
+            assert_true(WIFSIGNALED(d.status) && WTERMSIG(d.status) == SIGSEGV);
+            continue;
+        }
+        assert_aborted(&d);
+        char want[120];
+        snprintf(want, sizeof want, "write after free 0x");
+        if (strstr(d.err, "hakmem: exit(): write after free 0x") == NULL)
+            fail_msg("no report: %s", d.err);
+        snprintf(want, sizeof want, "(byte %zu written, block of %zu bytes, checked tier)", u.at,
+                 u.n);
+        if (strstr(d.err, want) == NULL) fail_msg("expected %s in: %s", want, d.err);
+    }
+}
+
+/* Frees of blocks of another size, until the freed block p has left the
+ * quarantine for its free list: the next malloc of its size takes it. */
+static void flush_quarantine(void) {
+    for (int i = 0; i < 70000; i++)
+        free(malloc(1000));
+}
+
+static void write_after_free_then_reuse(void *arg) {
+    struct bug *b = arg;
+    free(b->p);
+    b->p[b->at] = 'x';
+    flush_quarantine();
+    free(malloc(b->n));
+}
+
+/* The free-list link (below the block, xored with a secret) is written
+ * when the block leaves the quarantine: overwrite it after that. */
+static void write_link_then_reuse(void *arg) {
+    struct bug *b = arg;
+    free(b->p);
+    flush_quarantine();
+    b->p[b->at] = 'x';
+    free(malloc(b->n));
+}
+
+static void test_write_after_free_found_on_reuse(void **state) {
+    (void)state;
+    struct bug b = {40, 20, fresh(40)};
+    char line[200];
+    snprintf(line, sizeof line,
+             "hakmem: malloc(): write after free %p (byte 20 written, block of 40 bytes, checked "
+             "tier)",
+             (void *)b.p);
+    expect_death(write_after_free_then_reuse, &b, line);
+    b.at = -8;
+    snprintf(line, sizeof line,
+             "hakmem: malloc(): write after free %p (byte -8 written, block of 40 bytes, checked "
+             "tier)",
+             (void *)b.p);
+    expect_death(write_link_then_reuse, &b, line);
+    free(b.p);
+}
+
+/* A freed block is not handed out again for a long while, and its contents
+ * are gone at once. */
+static void test_quarantine_and_wipe(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        size_t n = sizes[i];
+        char *p = fresh(n);
+        free(p);
+        if (n < BIG)
+            for (size_t k = 16; k < n; k++)
+                if (p[k] == 'a') fail_msg("byte %zu of a freed %zu-byte block kept", k, n);
+        char *q[64];
+        for (int k = 0; k < 64; k++) {
+            q[k] = malloc(n);
+            assert_ptr_not_equal(q[k], p);
+        }
+        for (int k = 0; k < 64; k++)
+            free(q[k]);
+    }
+}
+
+static void read_zero_size(void *p) {
+    (void)*(volatile char *)p;
+}
+
+static void test_zero_size_blocks(void **state) {
+    (void)state;
+    enum { N = 1000 };
+    static char *z[N];
+    for (int i = 0; i < N; i++) {
+        z[i] = malloc(0);
+        assert_non_null(z[i]);
+        assert_int_equal(malloc_usable_size(z[i]), 0);
+        for (int j = 0; j < i; j++)
+            assert_ptr_not_equal(z[i], z[j]);
+    }
+    struct death d;
+    run_child(read_zero_size, z[0], &d);
+    assert_true(WIFSIGNALED(d.status) && WTERMSIG(d.status) == SIGSEGV);
+    char line[120];
+    snprintf(line, sizeof line, "hakmem: free(): double free %p (block of 0 bytes, checked tier)",
+             (void *)z[1]);
+    expect_death(free_twice, z[1], line);
+    /* realloc of one: a real block, the zero-size one freed. */
+    char *r = realloc(z[2], 10);
+    assert_non_null(r);
+    memset(r, 1, 10);
+    free(r);
+    z[2] = NULL;
+    for (int i = 0; i < N; i++)
+        free(z[i]);
+}
+
+#ifndef HAK_TEST_TSAN /* (TSan's runtime has operator new and delete of its own) */
+static void new_then_free(void *unused) {
+    (void)unused;
+    free(_Znwm(40));
+}
+static void malloc_then_delete(void *unused) {
+    (void)unused;
+    _ZdlPv(malloc(40));
+}
+static void new_array_then_delete(void *unused) {
+    (void)unused;
+    _ZdlPv(_Znam(40));
+}
+
+static void test_mismatched_free(void **state) {
+    (void)state;
+    struct death d;
+    run_child(new_then_free, NULL, &d);
+    assert_aborted(&d);
+    assert_non_null(strstr(d.err, "hakmem: free(): mismatched free 0x"));
+    assert_non_null(strstr(d.err, "(allocated by operator new, block of 40 bytes, checked tier)"));
+    run_child(malloc_then_delete, NULL, &d);
+    assert_aborted(&d);
+    assert_non_null(strstr(d.err, "hakmem: operator delete(): mismatched free 0x"));
+    assert_non_null(strstr(d.err, "(allocated by malloc, block of 40 bytes"));
+    run_child(new_array_then_delete, NULL, &d);
+    assert_aborted(&d);
+    assert_non_null(strstr(d.err, "(allocated by operator new[], block of 40 bytes"));
+    /* The matching ones are fine. */
+    _ZdlPv(_Znwm(40));
+    _ZdaPv(_Znam(40));
+    _ZdlPv(_Znwm(300 * KiB));
+}
+#endif
+
+static void free_sized_wrong(void *p) {
+    free_sized(p, malloc_usable_size(p) + 1);
+}
+
+static void test_free_sized_exact(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++) {
+        char *p = fresh(sizes[i]);
+        char line[200];
+        snprintf(line, sizeof line,
+                 "hakmem: free_sized(): size mismatch %p (size %zu given, block of %zu bytes, "
+                 "checked tier)",
+                 (void *)p, sizes[i] + 1, sizes[i]);
+        expect_death(free_sized_wrong, p, line);
+        free_sized(p, sizes[i]);
+    }
+}
+
+static void test_realloc_keeps_contents(void **state) {
+    (void)state;
+    /* Up through every range and back down, by steps of all sizes. */
+    static const size_t steps[] = {1,      17,     100,         3000,   20000, 130 * KiB,
+                                   131000, 600000, 3 * MiB + 1, 300000, 5000,  7};
+    unsigned char *p = NULL;
+    size_t have = 0;
+    for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+        size_t n = steps[s];
+        unsigned char *q = realloc(p, n);
+        assert_non_null(q);
+        assert_int_equal(malloc_usable_size(q), n);
+        for (size_t k = 0; k < (have < n ? have : n); k++)
+            if (q[k] != (unsigned char)(k * 7 + have)) fail_msg("byte %zu lost at %zu", k, n);
+        for (size_t k = 0; k < n; k++)
+            q[k] = (unsigned char)(k * 7 + n);
+        p = q;
+        have = n;
+    }
+    /* Growing a big block one page at a time copies a geometric series:
+     * in place most steps. */
+    size_t moves = 0;
+    for (size_t n = 200 * KiB; n < 4 * MiB; n += 4096) {
+        unsigned char *q = realloc(p, n);
+        assert_non_null(q);
+        moves += q != p;
+        p = q;
+    }
+    assert_true(moves < 40);
+    free(p);
+}
+
+static void test_calloc_zeroes_reused_slots(void **state) {
+    (void)state;
+    for (int round = 0; round < 3; round++)
+        for (size_t i = 0; i < NSIZES; i++) {
+            char *p = calloc(1, sizes[i]);
+            assert_non_null(p);
+            for (size_t k = 0; k < sizes[i]; k++)
+                if (p[k]) fail_msg("calloc byte %zu of %zu is %d", k, sizes[i], p[k]);
+            memset(p, 0xff, sizes[i]);
+            free(p);
+        }
+}
+
+static void test_aligned_blocks(void **state) {
+    (void)state;
+    static const size_t ns[] = {0, 1, 24, 3000, 100 * KiB, 300 * KiB};
+    for (size_t a = 32; a <= MiB; a *= 4)
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            void *p = aligned_alloc(a, ns[i]);
+            assert_non_null(p);
+            assert_int_equal((uintptr_t)p % a, 0);
+            assert_int_equal(malloc_usable_size(p), ns[i]);
+            memset(p, 'b', ns[i]);
+            void *q = NULL;
+            assert_int_equal(posix_memalign(&q, a, ns[i] + 5), 0);
+            assert_int_equal((uintptr_t)q % a, 0);
+            memset(q, 'c', ns[i] + 5);
+            free(p);
+            free(q);
+        }
+    /* An aligned block's canaries are checked like any. */
+    struct bug b = {50, 50, aligned_alloc(256, 50)};
+    char line[160];
+    snprintf(line, sizeof line,
+             "hakmem: free(): heap overflow %p (byte 50 written, block of 50 bytes, checked tier)",
+             (void *)b.p);
+    expect_death(write_then_free, &b, line);
+    b.at = -1;
+    snprintf(line, sizeof line,
+             "hakmem: free(): heap underflow %p (byte -1 written, block of 50 bytes, checked tier)",
+             (void *)b.p);
+    expect_death(write_then_free, &b, line);
+    free(b.p);
+}
+
+/* Threads free each other's blocks; every block keeps its contents. */
+enum { THREADS = 4, ROUNDS = 2000, BATCH = 32 };
+static char *_Atomic handoff[THREADS][BATCH];
+
+static void *worker(void *arg) {
+    uintptr_t me = (uintptr_t)arg;
+    unsigned seed = (unsigned)me + 1;
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int k = 0; k < BATCH; k++) {
+            size_t n = (size_t)rand_r(&seed) % (r % 50 == 0 ? 300 * KiB : 2000);
+            char *p = malloc(n);
+            assert_non_null(p);
+            memset(p, (int)(n & 0x7f), n);
+            char *old = atomic_exchange(&handoff[(me + 1) % THREADS][k], p);
+            if (old != NULL) {
+                size_t m = malloc_usable_size(old);
+                for (size_t i = 0; i < m; i++)
+                    if (old[i] != (char)(m & 0x7f)) fail_msg("block of %zu changed at %zu", m, i);
+                free(old);
+            }
+        }
+    }
+    return NULL;
+}
+
+static void test_threads_free_each_others_blocks(void **state) {
+    (void)state;
+    pthread_t t[THREADS];
+    for (uintptr_t i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, worker, (void *)i), 0);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < THREADS; i++)
+        for (int k = 0; k < BATCH; k++)
+            free(atomic_exchange(&handoff[i][k], NULL));
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    const char *on = getenv("HAKMEM_CHECK");
+    if (on == NULL || strcmp(on, "1") != 0) {
+        setenv("HAKMEM_CHECK", "1", 1);
+        execv("/proc/self/exe", argv);
+        perror("test_check: re-running with HAKMEM_CHECK=1");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mode_is_on),
+        cmocka_unit_test(test_overflow_reported_with_offset),
+        cmocka_unit_test(test_overflow_of_exact_sizes),
+        cmocka_unit_test(test_underflow_reported_with_offset),
+        cmocka_unit_test(test_header_overwrite_is_underflow),
+        cmocka_unit_test(test_double_free_every_size),
+        cmocka_unit_test(test_invalid_pointers),
+        cmocka_unit_test(test_write_after_free_found_at_exit),
+        cmocka_unit_test(test_write_after_free_found_on_reuse),
+        cmocka_unit_test(test_quarantine_and_wipe),
+        cmocka_unit_test(test_zero_size_blocks),
+#ifndef HAK_TEST_TSAN
+        cmocka_unit_test(test_mismatched_free),
+#endif
+        cmocka_unit_test(test_free_sized_exact),
+        cmocka_unit_test(test_realloc_keeps_contents),
+        cmocka_unit_test(test_calloc_zeroes_reused_slots),
+        cmocka_unit_test(test_aligned_blocks),
+        cmocka_unit_test(test_threads_free_each_others_blocks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
