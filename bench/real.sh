@@ -79,6 +79,7 @@ run() {
     local prog=$1 a=$2 r=$3 so=${SO[$2]} d=$OUT/$1.$2.$3
     local -a env=()
     [ -n "$so" ] && env=(LD_PRELOAD="$so")
+    env+=($(allocator_env "$a"))
     rm -rf "$d"
     mkdir -p "$d"
     case $prog in

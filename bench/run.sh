@@ -119,7 +119,7 @@ pick_allocators bench/run.sh
 for a in "${allocs[@]}"; do
     case $a in
     glibc) VER[$a]="glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')" ;;
-    hakmem)
+    hakmem | hakmem-check)
         v=$(sed -n 's/^VERSION *:= *//p' Makefile)
         rev=$(git rev-parse --short HEAD 2>/dev/null || echo "no commit")
         if [ -n "$(git status --porcelain -- core include Makefile 2>/dev/null)" ]; then
@@ -213,6 +213,7 @@ run_one() {
         fi
     done
     [ -n "${SO[$a]}" ] && envs+=("LD_PRELOAD=${SO[$a]}")
+    envs+=($(allocator_env "$a"))
     if [ -n "${BROKEN[$a]:-}" ]; then
         echo "not run: ${BROKEN[$a]}" >"$log"
         reason=${BROKEN[$a]}
