@@ -28,9 +28,11 @@ static inline uint32_t chk_payload(uint32_t arg, uint32_t sub) {
     return arg << 2 | sub;
 }
 
-#define CHK_HDR       ((size_t)16)
-#define CHK_SLOT_MAX  ((size_t)128 << 10)               /* bigger slots: a mapping each */
-#define CHK_FIRST     ((size_t)64)                      /* a slab region's descriptor, then slots */
+#define CHK_HDR      ((size_t)16)
+#define CHK_SLOT_MAX ((size_t)128 << 10) /* bigger slots: a mapping each */
+/* A slab region: its descriptor alone in the first page, a guard page (an
+ * underflow below the first slot faults there), then slots. */
+#define CHK_FIRST     (2 * HAK_PAGE_SIZE)
 #define CHK_SLOTS_END (HAK_REGION_SIZE - HAK_PAGE_SIZE) /* then a guard page */
 /* Canary bytes after a big block checked at free. Past them the block's
  * slack (room realloc left to grow in place) and then the guard page. */
@@ -193,14 +195,18 @@ static uintptr_t chk_slot_of(uintptr_t a, const struct chk_region *r) {
     return first + i * r->size;
 }
 
+static uint8_t *chk_map(size_t size);
+
 static struct chk_region *chk_region_new(uint32_t cls) {
-    uint8_t *base = os_map_aligned(HAK_REGION_SIZE, HAK_REGION_SIZE);
+    uint8_t *base = chk_map(HAK_REGION_SIZE);
     if (base == NULL) return NULL;
     if (!rmap_set_region(base, RMAP_CHECK, chk_payload(cls, CHK_SLAB))) {
         os_unmap(base, HAK_REGION_SIZE);
         return NULL;
     }
-    (void)os_guard(base + CHK_SLOTS_END, HAK_PAGE_SIZE); /* refused: no guard, no harm */
+    /* (Refused, at the map count limit: no guard, no other harm.) */
+    (void)os_guard(base + HAK_PAGE_SIZE, HAK_PAGE_SIZE);
+    (void)os_guard(base + CHK_SLOTS_END, HAK_PAGE_SIZE);
     struct chk_region *r = (struct chk_region *)base;
     r->cls = cls;
     r->size = small_class_size[cls];
@@ -331,7 +337,7 @@ static void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap) {
     }
     size_t data_len = hak_align_up(cap + align + CHK_HDR, HAK_PAGE_SIZE);
     size_t map = hak_align_up(3 * HAK_PAGE_SIZE + data_len, HAK_REGION_SIZE);
-    uint8_t *base = os_map_aligned(map, HAK_REGION_SIZE);
+    uint8_t *base = chk_map(map);
     if (base == NULL) {
         errno = ENOMEM;
         return NULL;
@@ -354,7 +360,7 @@ static void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap) {
     b->map = map;
     b->fam = fam;
     b->check = chk_key((uintptr_t)base) ^ b->u;
-    chk_paint(b->u - 8, b->u, chk_canary((uintptr_t)base));
+    chk_paint(b->data, b->u, chk_canary((uintptr_t)base)); /* down to the guard page */
     chk_big_tail(b);
     atomic_store_explicit(&b->state, CHK_LIVE, memory_order_release);
     return (void *)b->u;
@@ -362,7 +368,7 @@ static void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap) {
 
 static void chk_big_canaries(const struct chk_big *b, const char *fn) {
     uint64_t w = chk_canary((uintptr_t)b);
-    uintptr_t bad = chk_unpainted(b->u - 8, b->u, w);
+    uintptr_t bad = chk_unpainted(b->data, b->u, w);
     if (bad != b->u) chk_report(fn, DIAG_HEAP_UNDERFLOW, b->u, b->n, -(ptrdiff_t)(b->u - bad));
     uintptr_t t = b->u + b->n, end = b->end - t > CHK_BIG_TAIL ? t + CHK_BIG_TAIL : b->end;
     bad = chk_unpainted(t, end, w);
@@ -377,6 +383,7 @@ static size_t chk_zero_n;               /* addresses in the span */
 static _Atomic uint64_t *chk_zero_live; /* a bit per address: handed out */
 static _Atomic size_t chk_zero_high;    /* addresses ever handed out, from the front */
 static size_t chk_zero_next;            /* where the search for a free one starts */
+static _Atomic size_t chk_zero_count;   /* live ones: when all are, no search */
 static pthread_mutex_t chk_zero_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void chk_zero_start(void) {
@@ -401,7 +408,9 @@ static void chk_zero_start(void) {
 }
 
 static void *chk_zero_alloc(void) {
-    if (chk_zero_base == 0) return NULL;
+    if (chk_zero_base == 0 ||
+        atomic_load_explicit(&chk_zero_count, memory_order_relaxed) >= chk_zero_n)
+        return NULL;
     size_t words = chk_zero_n / 64;
     void *p = NULL;
     hak_lock(&chk_zero_lock);
@@ -410,6 +419,7 @@ static void *chk_zero_alloc(void) {
         if (v == ~0ull) continue;
         size_t i = w * 64 + (size_t)__builtin_ctzll(~v);
         atomic_fetch_or_explicit(&chk_zero_live[w], 1ull << (i % 64), memory_order_relaxed);
+        atomic_fetch_add_explicit(&chk_zero_count, 1, memory_order_relaxed);
         chk_zero_next = (i + 1) % chk_zero_n;
         if (i + 1 > atomic_load_explicit(&chk_zero_high, memory_order_relaxed))
             atomic_store_explicit(&chk_zero_high, i + 1, memory_order_relaxed);
@@ -440,6 +450,7 @@ static void chk_zero_free(uintptr_t a, const char *fn) {
     /* (Two threads freeing it at once: one finds the bit gone.) */
     if (!(atomic_fetch_and_explicit(&chk_zero_live[k / 64], ~bit, memory_order_relaxed) & bit))
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, 0);
+    atomic_fetch_sub_explicit(&chk_zero_count, 1, memory_order_relaxed);
 }
 
 /* ---- quarantine ------------------------------------------------------------------ */
@@ -452,17 +463,18 @@ static void chk_zero_free(uintptr_t a, const char *fn) {
  * The bound: the quarantine is the working set every reuse reads back (the
  * wipe is verified), so it decides the speed; 4 MiB runs the 64 KiB
  * documents of bench_scenarios json 2.3x faster than 16 MiB did. */
-#define CHK_Q_RAND  64
-#define CHK_Q_RING  ((size_t)1 << 16)
-#define CHK_Q_BYTES ((size_t)4 << 20)
-#define CHK_Q_BIG   64
+#define CHK_Q_RAND     64
+#define CHK_Q_RING     ((size_t)1 << 16)
+#define CHK_Q_BYTES    ((size_t)4 << 20)
+#define CHK_Q_BIG      64
+#define CHK_Q_BIG_SPAN ((size_t)1 << 30) /* their address space, at most */
 static pthread_mutex_t chk_q_lock = PTHREAD_MUTEX_INITIALIZER;
 static uintptr_t chk_q_rand[CHK_Q_RAND];
 static uintptr_t *chk_q_ring; /* mapped by chk_start; NULL: no FIFO */
 static size_t chk_q_head, chk_q_n, chk_q_bytes;
 static uint64_t chk_q_rng;
 static uintptr_t chk_q_big[CHK_Q_BIG];
-static size_t chk_q_big_head, chk_q_big_n;
+static size_t chk_q_big_head, chk_q_big_n, chk_q_big_span;
 
 static inline size_t chk_slot_size(uintptr_t slot) {
     return chk_region_of(slot)->size;
@@ -512,21 +524,49 @@ static void chk_quarantine(uintptr_t slot, size_t size) {
         chk_release(out[k]);
 }
 
+static void chk_unmap_big(struct chk_big *g) {
+    size_t map = g->map;
+    rmap_clear_span(g, map);
+    os_unmap(g, map);
+}
+
+/* Take the oldest big block out of quarantine (lock held). */
+static struct chk_big *chk_q_big_pop(void) {
+    struct chk_big *g = (struct chk_big *)chk_q_big[chk_q_big_head];
+    chk_q_big_head = (chk_q_big_head + 1) % CHK_Q_BIG;
+    chk_q_big_n--;
+    chk_q_big_span -= g->map;
+    return g;
+}
+
 static void chk_quarantine_big(struct chk_big *b) {
-    struct chk_big *old = NULL;
+    struct chk_big *out[CHK_Q_BIG];
+    size_t nout = 0;
     hak_lock(&chk_q_lock);
-    if (chk_q_big_n == CHK_Q_BIG) {
-        old = (struct chk_big *)chk_q_big[chk_q_big_head];
-        chk_q_big_head = (chk_q_big_head + 1) % CHK_Q_BIG;
-        chk_q_big_n--;
-    }
+    while (chk_q_big_n > 0 &&
+           (chk_q_big_n == CHK_Q_BIG || chk_q_big_span + b->map > CHK_Q_BIG_SPAN))
+        out[nout++] = chk_q_big_pop();
     chk_q_big[(chk_q_big_head + chk_q_big_n++) % CHK_Q_BIG] = (uintptr_t)b;
+    chk_q_big_span += b->map;
     hak_unlock(&chk_q_lock);
-    if (old != NULL) {
-        size_t map = old->map;
-        rmap_clear_span(old, map);
-        os_unmap(old, map);
-    }
+    for (size_t i = 0; i < nout; i++)
+        chk_unmap_big(out[i]);
+}
+
+/* A mapping for the tier; when the OS refuses (an address-space limit), once
+ * more after the big blocks in quarantine gave back their address space. */
+static uint8_t *chk_map(size_t size) {
+    uint8_t *p = os_map_aligned(size, HAK_REGION_SIZE);
+    if (p != NULL) return p;
+    struct chk_big *out[CHK_Q_BIG];
+    size_t nout = 0;
+    hak_lock(&chk_q_lock);
+    while (chk_q_big_n > 0)
+        out[nout++] = chk_q_big_pop();
+    hak_unlock(&chk_q_lock);
+    for (size_t i = 0; i < nout; i++)
+        chk_unmap_big(out[i]);
+    return nout ? os_map_aligned(size, HAK_REGION_SIZE) : NULL;
 }
 
 /* ---- one block, whatever its kind --------------------------------------------- */
@@ -612,7 +652,8 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
 
 void *chk_alloc(size_t n, size_t align, enum chk_family f) {
     if (align < HAK_MIN_ALIGN) align = HAK_MIN_ALIGN;
-    if (n == 0 && align == HAK_MIN_ALIGN) {
+    /* (new's zero-size blocks need their family: a slot.) */
+    if (n == 0 && align == HAK_MIN_ALIGN && f == CHK_MALLOC) {
         void *z = chk_zero_alloc();
         if (z != NULL) return z;
     }
@@ -636,6 +677,10 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
     struct chk_block b;
     chk_live(a, e, "realloc", &b);
     chk_inspect(a, &b, "realloc");
+    if (n > HAK_MAX_REQUEST) { /* (also: the in-place tests below would wrap) */
+        errno = ENOMEM;
+        return NULL;
+    }
     if (b.sub == CHK_SLAB && n + b.s.uoff < b.size &&
         small_class_of(n + b.s.uoff + 1) + 4 > chk_region_of(a)->cls) {
         /* In place: the tail canary moves to the new end (growing, what
@@ -666,6 +711,14 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
     memcpy(q, p, b.s.n < n ? b.s.n : n);
     chk_release_block(a, &b, "realloc");
     return q;
+}
+
+void *chk_calloc(size_t n) {
+    void *p = chk_alloc(n, 0, CHK_MALLOC);
+    /* A big block's pages are fresh from the OS, zero already: touching them
+     * would make all of them resident. Slots hold the wipe. */
+    if (p != NULL && chk_sub(rmap_get(p)) != CHK_BIG) memset(p, 0, n);
+    return p;
 }
 
 size_t chk_usable_size(const void *p, uint32_t e, const char *fn) {

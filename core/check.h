@@ -41,6 +41,8 @@ void chk_start(void);
 /* A block of n bytes aligned to `align` (a power of two; 0 or up to 16: 16).
  * NULL with errno ENOMEM when no memory. */
 void *chk_alloc(size_t n, size_t align, enum chk_family f);
+/* calloc of n bytes (the product checked by the caller). */
+void *chk_calloc(size_t n);
 /* Free p, whose region entry is e (RMAP_CHECK); `fn` names the call, and
  * says which family it frees ("operator delete", "operator delete[]", any
  * other: malloc's). Anything wrong with p is reported and aborts. */

@@ -7,6 +7,8 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -314,6 +316,11 @@ static void new_array_then_delete(void *unused) {
     (void)unused;
     _ZdlPv(_Znam(40));
 }
+/* Found by review: zero-size blocks of new had no family. */
+static void new_zero_then_free(void *unused) {
+    (void)unused;
+    free(_Znam(0));
+}
 
 static void test_mismatched_free(void **state) {
     (void)state;
@@ -329,6 +336,9 @@ static void test_mismatched_free(void **state) {
     run_child(new_array_then_delete, NULL, &d);
     assert_aborted(&d);
     assert_non_null(strstr(d.err, "(allocated by operator new[], block of 40 bytes"));
+    run_child(new_zero_then_free, NULL, &d);
+    assert_aborted(&d);
+    assert_non_null(strstr(d.err, "(allocated by operator new[], block of 0 bytes"));
     /* The matching ones are fine. */
     _ZdlPv(_Znwm(40));
     _ZdaPv(_Znam(40));
@@ -397,6 +407,79 @@ static void test_calloc_zeroes_reused_slots(void **state) {
             memset(p, 0xff, sizes[i]);
             free(p);
         }
+}
+
+/* Found by review: a huge realloc of a small block wrapped the in-place
+ * test and returned the block, its header truncated. */
+static void test_realloc_impossible_size_fails(void **state) {
+    (void)state;
+    char *p = fresh(10);
+    errno = 0;
+    assert_null(realloc(p, SIZE_MAX));
+    assert_int_equal(errno, ENOMEM);
+    assert_null(realloc(p, SIZE_MAX / 2 + 1));
+    assert_int_equal(malloc_usable_size(p), 10);
+    free(p);
+}
+
+/* Found by review: freed big blocks kept their address space in quarantine,
+ * and under an address-space limit a malloc failed that the limit allows. */
+static void big_cycles_under_a_limit(void *unused) {
+    (void)unused;
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL || fscanf(f, "%ld", &pages) != 1) _exit(3);
+    fclose(f);
+    rlim_t lim = (rlim_t)pages * 4096 + 1536 * MiB;
+    struct rlimit rl = {lim, lim};
+    if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(4);
+    for (int i = 0; i < 40; i++) {
+        char *p = malloc(100 * MiB);
+        if (p == NULL) _exit(5);
+        p[i] = 1;
+        free(p);
+    }
+}
+
+static void test_big_blocks_under_address_space_limit(void **state) {
+    (void)state;
+#ifndef HAK_TEST_TSAN /* TSan has terabytes reserved: no limit can be set */
+    expect_clean_exit(big_cycles_under_a_limit, NULL);
+#endif
+}
+
+/* Found by review: only 8 bytes below a big block were canary. */
+static void test_big_underflow_beyond_eight_bytes(void **state) {
+    (void)state;
+    struct bug b = {200008, -16, fresh(200008)};
+    char line[200];
+    snprintf(line, sizeof line,
+             "hakmem: free(): heap underflow %p (byte -16 written, block of 200008 bytes, checked "
+             "tier)",
+             (void *)b.p);
+    expect_death(write_then_free, &b, line);
+    free(b.p);
+}
+
+/* Found by review: calloc wrote over a big block's fresh pages, making all
+ * of them resident. */
+static long resident_kib(void) {
+    long size = 0, res = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%ld %ld", &size, &res), 2);
+    fclose(f);
+    return res * 4;
+}
+
+static void test_calloc_big_touches_nothing(void **state) {
+    (void)state;
+    long before = resident_kib();
+    char *p = calloc(1, 512 * MiB);
+    assert_non_null(p);
+    assert_true(resident_kib() - before < 16 * 1024);
+    assert_int_equal(p[100 * MiB], 0);
+    free(p);
 }
 
 static void test_aligned_blocks(void **state) {
@@ -495,6 +578,10 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_free_sized_exact),
         cmocka_unit_test(test_realloc_keeps_contents),
         cmocka_unit_test(test_calloc_zeroes_reused_slots),
+        cmocka_unit_test(test_realloc_impossible_size_fails),
+        cmocka_unit_test(test_big_blocks_under_address_space_limit),
+        cmocka_unit_test(test_big_underflow_beyond_eight_bytes),
+        cmocka_unit_test(test_calloc_big_touches_nothing),
         cmocka_unit_test(test_aligned_blocks),
         cmocka_unit_test(test_threads_free_each_others_blocks),
     };

@@ -61,10 +61,7 @@ static void *front_calloc(size_t nmemb, size_t size) {
         errno = ENOMEM;
         return NULL;
     }
-    if (hak_unlikely(chk_on)) { /* (its slots hold the wipe pattern) */
-        void *p = chk_alloc(n, 0, CHK_MALLOC);
-        return p ? memset(p, 0, n) : NULL;
-    }
+    if (hak_unlikely(chk_on)) return chk_calloc(n);
     if (n > HAK_SMALL_MAX) return large_alloc(n, HAK_MIN_ALIGN, true);
     void *p = front_alloc_class(small_class_of(n));
     if (hak_unlikely(p == NULL)) return large_alloc(n, HAK_MIN_ALIGN, true); /* last resort */
