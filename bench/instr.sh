@@ -123,9 +123,10 @@ for a in ${ALLOCATORS//,/ }; do
         # valgrind passes LD_PRELOAD on to the client (with its own preloads
         # added); no `env` wrapper, or callgrind would trace env instead.
         if [ -n "$so" ]; then
-            # (hakmem-check: HAKMEM_CHECK=1, exported for this run only)
-            HAKMEM_CHECK=$([ "$a" = hakmem-check ] && echo 1 || echo 0) LD_PRELOAD=$so timeout -k 5 "$INSTR_TIMEOUT" valgrind --tool=callgrind \
-                --callgrind-out-file="$f" "$OUT/$BIN" "$n" "$SIZE" "$SEED" </dev/null >"$log" 2>&1
+            # (the allocator's own settings, bench/lib.sh, exported in a subshell: no env wrapper)
+            ev=$(allocator_env "$a")
+            ( [ -z "$ev" ] || export "${ev?}"; LD_PRELOAD=$so timeout -k 5 "$INSTR_TIMEOUT" valgrind --tool=callgrind \
+                --callgrind-out-file="$f" "$OUT/$BIN" "$n" "$SIZE" "$SEED" </dev/null >"$log" 2>&1 )
         else
             timeout -k 5 "$INSTR_TIMEOUT" valgrind --tool=callgrind \
                 --callgrind-out-file="$f" "$OUT/$BIN" "$n" "$SIZE" "$SEED" </dev/null >"$log" 2>&1

@@ -578,42 +578,56 @@ struct chk_block {
     struct chk_slot s;
 };
 
-/* p (entry e) as a live block: anything else is reported. */
-static void chk_live(uintptr_t a, uint32_t e, const char *fn, struct chk_block *b) {
+/* What a pointer (entry e) is to the tier. */
+enum chk_verdict {
+    CHK_NOT_A_BLOCK,
+    CHK_IS_LIVE,
+    CHK_IS_FREED,
+    CHK_IS_OVERWRITTEN, /* a block starts there, its header overwritten */
+};
+
+/* Look at a, filling *b as far as it goes; never reports. */
+static enum chk_verdict chk_find(uintptr_t a, uint32_t e, struct chk_block *b) {
     b->sub = chk_sub(e);
+    b->s = (struct chk_slot){.n = 0, .fam = CHK_MALLOC, .state = CHK_LIVE};
     if (b->sub == CHK_ZERO) {
         ptrdiff_t i = chk_zero_find(a);
-        if (i < 0)
-            diag_bad_pointer(fn, i == -2 ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, (void *)a,
-                             DIAG_CHECKED, 0);
-        b->s = (struct chk_slot){.n = 0, .fam = CHK_MALLOC, .state = CHK_LIVE};
-        return;
+        return i >= 0 ? CHK_IS_LIVE : i == -2 ? CHK_IS_FREED : CHK_NOT_A_BLOCK;
     }
     if (b->sub == CHK_BIG) {
         uintptr_t base = rmap_region_base((void *)a) - (uintptr_t)chk_arg(e) * HAK_REGION_SIZE;
-        struct chk_big *g = (struct chk_big *)base;
-        if (g->u != a || g->check != (chk_key(base) ^ a))
-            diag_bad_pointer(fn, DIAG_INVALID_POINTER, (void *)a, DIAG_CHECKED, 0);
-        if (atomic_load_explicit(&g->state, memory_order_acquire) != CHK_LIVE)
-            diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, g->n);
+        const struct chk_big *g = (const struct chk_big *)base;
+        if (g->u != a || g->check != (chk_key(base) ^ a)) return CHK_NOT_A_BLOCK;
         b->slot = base;
-        b->s = (struct chk_slot){.n = g->n, .fam = g->fam, .state = CHK_LIVE};
-        return;
+        b->s.n = g->n;
+        b->s.fam = g->fam;
+        return atomic_load_explicit(&g->state, memory_order_acquire) == CHK_LIVE ? CHK_IS_LIVE
+                                                                                 : CHK_IS_FREED;
     }
     const struct chk_region *r = chk_region_of(a);
     b->slot = chk_slot_of(a, r);
     b->size = r->size;
-    if (b->slot == 0) diag_bad_pointer(fn, DIAG_INVALID_POINTER, (void *)a, DIAG_CHECKED, 0);
-    bool ok = chk_read(b->slot, b->size, &b->s);
-    if (ok && b->slot + b->s.uoff == a) {
-        if (b->s.state != CHK_LIVE)
-            diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
-        return;
+    if (b->slot == 0) return CHK_NOT_A_BLOCK;
+    if (chk_read(b->slot, b->size, &b->s)) {
+        if (b->slot + b->s.uoff != a) return CHK_NOT_A_BLOCK;
+        return b->s.state == CHK_LIVE ? CHK_IS_LIVE : CHK_IS_FREED;
     }
-    /* A block starting here whose header was overwritten: an underflow
-     * reaching at least word0, below the canary. */
-    if (!ok && a == b->slot + CHK_HDR)
+    /* An underflow reaching at least word0, below the canary. */
+    return a == b->slot + CHK_HDR ? CHK_IS_OVERWRITTEN : CHK_NOT_A_BLOCK;
+}
+
+/* p (entry e) as a live block: anything else is reported. */
+static void chk_live(uintptr_t a, uint32_t e, const char *fn, struct chk_block *b) {
+    switch (chk_find(a, e, b)) {
+    case CHK_IS_LIVE:
+        return;
+    case CHK_IS_FREED:
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
+    case CHK_IS_OVERWRITTEN:
         chk_report(fn, DIAG_HEAP_UNDERFLOW, a, 0, -(ptrdiff_t)CHK_HDR);
+    case CHK_NOT_A_BLOCK:
+        break;
+    }
     diag_bad_pointer(fn, DIAG_INVALID_POINTER, (void *)a, DIAG_CHECKED, 0);
 }
 
@@ -728,30 +742,10 @@ size_t chk_usable_size(const void *p, uint32_t e, const char *fn) {
 }
 
 bool chk_is_live(const void *p, uint32_t e, size_t *size) {
-    uintptr_t a = (uintptr_t)p;
-    *size = 0;
-    switch (chk_sub(e)) {
-    case CHK_ZERO:
-        return chk_zero_find(a) >= 0;
-    case CHK_BIG: {
-        uintptr_t base = rmap_region_base(p) - (uintptr_t)chk_arg(e) * HAK_REGION_SIZE;
-        const struct chk_big *g = (const struct chk_big *)base;
-        if (g->u != a || g->check != (chk_key(base) ^ a) ||
-            atomic_load_explicit(&g->state, memory_order_acquire) != CHK_LIVE)
-            return false;
-        *size = g->n;
-        return true;
-    }
-    default: {
-        const struct chk_region *r = chk_region_of(a);
-        uintptr_t slot = chk_slot_of(a, r);
-        struct chk_slot s;
-        if (slot == 0 || !chk_read(slot, r->size, &s) || slot + s.uoff != a || s.state != CHK_LIVE)
-            return false;
-        *size = s.n;
-        return true;
-    }
-    }
+    struct chk_block b;
+    bool live = chk_find((uintptr_t)p, e, &b) == CHK_IS_LIVE;
+    *size = live ? b.s.n : 0;
+    return live;
 }
 
 void chk_start(void) {

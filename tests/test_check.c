@@ -214,22 +214,21 @@ static void flush_quarantine(void) {
         free(malloc(1000));
 }
 
-static void write_after_free_then_reuse(void *arg) {
-    struct bug *b = arg;
+/* Free b's block, write into it (`late`: once it left the quarantine, so
+ * over its free-list link, written then), and allocate it again. */
+static void write_after_free(struct bug *b, bool late) {
     free(b->p);
+    if (late) flush_quarantine();
     b->p[b->at] = 'x';
-    flush_quarantine();
+    if (!late) flush_quarantine();
     free(malloc(b->n));
 }
-
-/* The free-list link (below the block, xored with a secret) is written
- * when the block leaves the quarantine: overwrite it after that. */
+static void write_after_free_then_reuse(void *arg) {
+    write_after_free(arg, false);
+}
+/* The free-list link, below the block and xored with a secret. */
 static void write_link_then_reuse(void *arg) {
-    struct bug *b = arg;
-    free(b->p);
-    flush_quarantine();
-    b->p[b->at] = 'x';
-    free(malloc(b->n));
+    write_after_free(arg, true);
 }
 
 static void test_write_after_free_found_on_reuse(void **state) {

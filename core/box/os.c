@@ -313,20 +313,21 @@ bool os_reserve_at(void *p, size_t size) {
     return ok;
 }
 
-bool os_readable(void *p, size_t size) {
+/* mprotect, counted, errno left alone; `injected`: fail it (os_fault). */
+static bool os_protect(void *p, size_t size, int prot, bool injected) {
     int saved = errno;
     os_count(OS_MPROTECT);
-    bool ok = !os_fault(OS_SITE_RESERVE_PROT) && mprotect(p, size, PROT_READ) == 0;
+    bool ok = !injected && mprotect(p, size, prot) == 0;
     errno = saved;
     return ok;
 }
 
+bool os_readable(void *p, size_t size) {
+    return os_protect(p, size, PROT_READ, os_fault(OS_SITE_RESERVE_PROT));
+}
+
 bool os_guard(void *p, size_t size) {
-    int saved = errno;
-    os_count(OS_MPROTECT);
-    bool ok = !os_fault(OS_SITE_GUARD) && mprotect(p, size, PROT_NONE) == 0;
-    errno = saved;
-    return ok;
+    return os_protect(p, size, PROT_NONE, os_fault(OS_SITE_GUARD));
 }
 
 bool os_commit(void *p, size_t size) {
