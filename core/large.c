@@ -1,7 +1,8 @@
 /* Large tier. The header sits at the mapping's first byte; every region of
  * the mapping is marked RMAP_LARGE with its distance back to that byte, so
  * free finds the header from the pointer in O(1) and can check that the
- * pointer is the one it handed out. */
+ * pointer is the one it handed out. Every kernel mapping of the tier ends in a
+ * guard page (LARGE_GUARD). */
 #include "large.h"
 
 #include "box/clock.h"
@@ -27,6 +28,7 @@ struct large_hdr {
     uint32_t magic;
     bool thp;        /* the mapping asked for huge pages */
     bool growing;    /* from large_alloc_growing: counted in large_growing_live */
+    bool guarded;    /* the mapping's last page is a guard (LARGE_GUARD) */
     size_t req;      /* the size last asked for */
     void *user;      /* the pointer handed out */
     size_t map_size; /* bytes mapped from the header on */
@@ -43,8 +45,48 @@ HAK_INLINE uint64_t *large_canary(const void *user) {
     return (uint64_t *)user - 1;
 }
 
+/* Every kernel mapping the tier makes ends in a guard page: a block's
+ * linear overflow faults there, at the latest, instead of running into the
+ * next mapping (and a block above it that underflows stops there too).
+ * Address space only. The part of a mapping that holds it (`guarded`) may
+ * use the mapping up to it: its room (large_room). It stays while the
+ * mapping is cached, and where the cache splits a mapping the rest keeps it:
+ * taking, splitting, merging and growing over a cached rest make no call.
+ * The parts of one mapping (a block cut from a bigger freed one, and the
+ * rest, which another block may take) have none between them. It is taken
+ * away before the mapping is resized or moved (mremap refuses a range that
+ * mprotect split, and a guard inside would stay there), and added at the
+ * new end. */
+#define LARGE_GUARD HAK_PAGE_SIZE
+
 /* Kernel mappings made so far: each gets the next number. */
 static _Atomic uint64_t large_maps;
+
+/* The guard page of a mapping of `size` bytes at h. */
+HAK_INLINE void *large_guard_page(const void *h, size_t size) {
+    return (uint8_t *)h + size - LARGE_GUARD;
+}
+
+/* The bytes from h on that a block may use. */
+HAK_INLINE size_t large_room(const struct large_hdr *h) {
+    return h->map_size - (h->guarded ? LARGE_GUARD : 0);
+}
+
+/* Add a guard page at the end of h's mapping, which ends a kernel mapping
+ * (a refusal leaves it without one). */
+static void large_guard(struct large_hdr *h) {
+    if (!h->guarded) h->guarded = os_guard_add(large_guard_page(h, h->map_size), LARGE_GUARD);
+    if (h->ready > large_room(h)) h->ready = large_room(h);
+}
+
+/* Take the guard page of the mapping of `size` bytes at h away, if
+ * *guarded; false when refused: the page may still fault, so the mapping
+ * may not be resized or merged. */
+static bool large_unguard(void *h, size_t size, bool *guarded) {
+    if (*guarded && !os_guard_remove(large_guard_page(h, size), LARGE_GUARD)) return false;
+    *guarded = false;
+    return true;
+}
 
 static inline uint64_t large_map_id(void) {
     return atomic_fetch_add_explicit(&large_maps, 1, memory_order_relaxed) + 1;
@@ -79,8 +121,13 @@ struct large_entry {
      * of one merge again, since mremap refuses a range over two. */
     uint64_t map;
     bool decommitted;
-    bool thp; /* the mapping asked for huge pages */
+    bool thp;     /* the mapping asked for huge pages */
+    bool guarded; /* its last page is a guard */
 };
+
+HAK_INLINE size_t large_entry_room(const struct large_entry *e) {
+    return e->size - (e->guarded ? LARGE_GUARD : 0);
+}
 
 struct large_cache {
     pthread_mutex_t lock;
@@ -132,6 +179,23 @@ static struct large_hdr *large_map(size_t size, size_t map_align, bool thp) {
 static void large_release(struct large_hdr *h, size_t size) {
     rmap_clear_span(h, size);
     os_unmap(h, size);
+}
+
+/* Before the mapping of *size bytes at h grows or moves: its guard page, if
+ * *guarded, is unmapped, not taken away where it is. A page table left in
+ * the region past the last whole one would keep the growth there from being
+ * a huge page (a fault per page instead of one). false when refused. */
+static bool large_drop_guard(void *h, size_t *size, bool *guarded) {
+    if (!*guarded) return true;
+    size_t left = *size - LARGE_GUARD, keep = hak_align_up(left, HAK_REGION_SIZE);
+    if (keep < *size) rmap_clear_span((uint8_t *)h + keep, *size - keep); /* a region of its own */
+    if (!os_unmap(large_guard_page(h, *size), LARGE_GUARD)) {
+        rmap_mark_span(h, *size, RMAP_LARGE); /* cannot fail: the leaves exist */
+        return false;
+    }
+    *size = left;
+    *guarded = false;
+    return true;
 }
 
 /* Remove entry i. Lock held. */
@@ -226,13 +290,20 @@ static void large_cache_merge(struct large_cache *lc, struct large_entry *e) {
         struct large_entry *c = &lc->e[i];
         bool before = (uint8_t *)c->h + c->size == (uint8_t *)e->h;
         bool after = (uint8_t *)e->h + e->size == (uint8_t *)c->h;
+        /* The lower one's guard would be inside (a call, under the lock:
+         * merges are rare). */
         if (c->map != e->map || c->decommitted != e->decommitted || c->thp != e->thp ||
-            (!before && !after)) {
+            (!before && !after) ||
+            (before ? !large_unguard(c->h, c->size, &c->guarded)
+                    : !large_unguard(e->h, e->size, &e->guarded))) {
             i++;
             continue;
         }
         struct large_entry n = large_cache_remove(lc, i);
-        if (before) e->h = n.h;
+        if (before)
+            e->h = n.h;
+        else
+            e->guarded = n.guarded;
         e->size += n.size;
         if (n.seq > e->seq) e->seq = n.seq;
         if (n.freed_ms > e->freed_ms) e->freed_ms = n.freed_ms;
@@ -276,7 +347,7 @@ static void large_cache_add_rest(struct large_entry e, size_t keep) {
     large_cache_add(e);
 }
 
-/* The cached entry to serve `need` bytes at `map_align`: the smallest one
+/* The cached entry to serve `need` bytes of room at `map_align`: the smallest one
  * with its pages that is big enough (for a request below a region, at most
  * 4x bigger); else the biggest one with its pages (grown by the caller);
  * else the smallest decommitted one big enough. With
@@ -289,12 +360,14 @@ static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size
     for (uint32_t i = 0; i < lc->n; i++) {
         const struct large_entry *e = &lc->e[i];
         if (((uintptr_t)e->h & (map_align - 1)) != 0 || (small_pages && e->thp)) continue;
-        /* A request below a region would keep a whole region of a bigger
-         * entry (a split leaves region-aligned parts): not more than 4x. */
-        if (need < HAK_REGION_SIZE && e->size / 4 > need) continue;
+        /* A request below a region (with its guard page, were it fresh)
+         * would keep a whole region of a bigger entry (a split leaves
+         * region-aligned parts): not more than 4x. */
+        if (need + LARGE_GUARD < HAK_REGION_SIZE && e->size / 4 > need + LARGE_GUARD) continue;
+        bool fits = large_entry_room(e) >= need;
         if (e->decommitted) {
-            if (e->size >= need && (cold == LARGE_CACHE_N || e->size < lc->e[cold].size)) cold = i;
-        } else if (e->size >= need) {
+            if (fits && (cold == LARGE_CACHE_N || e->size < lc->e[cold].size)) cold = i;
+        } else if (fits) {
             if (fit == LARGE_CACHE_N || e->size < lc->e[fit].size) fit = i;
         } else if (grow == LARGE_CACHE_N || e->size > lc->e[grow].size) {
             grow = i;
@@ -303,11 +376,12 @@ static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size
     return fit != LARGE_CACHE_N ? fit : grow != LARGE_CACHE_N ? grow : cold;
 }
 
-/* A cached mapping of at least `need` bytes at `map_align` (see
+/* A cached mapping with at least `need` bytes of room at `map_align` (see
  * large_cache_pick for `small_pages`), its regions marked for it and its
- * map_size and thp set, or NULL. *clean: bytes from this offset on read as
- * zero (pages decommitted, or added by growth), and before it the pages are
- * taken as resident; it may pass the map_size of a split one. */
+ * map_size, thp and guarded set, or NULL. One that must grow gets its guard
+ * page past `need` (so a whole-regions `need` keeps its last huge page). *clean: bytes from this
+ * offset on read as zero (pages decommitted, or added by growth), and before it the pages are taken
+ * as resident; it may pass the map_size of a split one. */
 static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool small_pages,
                                           size_t *clean) {
     struct large_cache *lc = &large_cache;
@@ -322,8 +396,15 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
 
     struct large_hdr *h = got.h;
     *clean = got.decommitted ? 0 : got.size;
-    if (got.size < need) {
-        /* Grown where it is, or its pages moved to a new mapping. */
+    bool grown = large_entry_room(&got) < need;
+    if (grown) {
+        /* Grown where it is, or its pages moved to a new mapping; its guard
+         * page would be inside. */
+        if (!large_drop_guard(h, &got.size, &got.guarded)) {
+            large_release(h, got.size);
+            return NULL;
+        }
+        need += LARGE_GUARD;
         int saved = errno; /* a refusal is no failure of malloc */
         if (os_resize(h, got.size, need)) {
             if (got.thp) os_hugepages(h, need); /* the part added too */
@@ -346,11 +427,12 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
         got.size = need;
     } else {
         /* The rest past the next region boundary stays cached, pages and
-         * all, as a mapping of its own. */
+         * all, as a mapping of its own (with the guard page). */
         size_t keep = hak_align_up(need, HAK_REGION_SIZE);
         if (got.size > keep && got.size - keep >= HAK_REGION_SIZE) {
             large_cache_add_rest(got, keep);
             got.size = keep;
+            got.guarded = false;
         }
     }
     /* Its regions may have pointed to the header of the mapping it was cut
@@ -362,6 +444,8 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
     h->map_size = got.size;
     h->map = got.map;
     h->thp = got.thp;
+    h->guarded = got.guarded;
+    if (grown) large_guard(h); /* (h->ready is set by the caller) */
     return h;
 }
 
@@ -385,22 +469,29 @@ static struct large_entry large_cache_claim(const void *at, size_t min, uint64_t
 
 /* Keep h for reuse. */
 static void large_cache_put(struct large_hdr *h) {
-    large_cache_add((struct large_entry){
-        .h = h, .size = h->map_size, .freed_ms = hak_now_ms(), .map = h->map, .thp = h->thp});
+    large_cache_add((struct large_entry){.h = h,
+                                         .size = h->map_size,
+                                         .freed_ms = hak_now_ms(),
+                                         .map = h->map,
+                                         .thp = h->thp,
+                                         .guarded = h->guarded});
 }
 
-/* h's mapping now has `size` bytes (it had `old`). `resident`: the pages
- * added came with theirs. The pages of a block that is not growing are all
- * taken as resident (large_populate is for growing ones); a growing block's
- * ready shrinks with the mapping, and grows only over resident pages right
- * after it. */
-static void large_set_map_size(struct large_hdr *h, size_t old, size_t size, bool resident) {
-    if (!h->growing || (resident && h->ready == old) || h->ready > size) h->ready = size;
+/* h's mapping now has `size` bytes, its last page a guard if `guarded`.
+ * `resident`: the pages added came with theirs. The pages of a block that
+ * is not growing are all taken as resident (large_populate is for growing
+ * ones); a growing block's ready shrinks with its room, and grows only over
+ * resident pages right after it. */
+static void large_set_map_size(struct large_hdr *h, size_t size, bool guarded, bool resident) {
+    size_t was = large_room(h);
     h->map_size = size;
+    h->guarded = guarded;
+    size_t room = large_room(h);
+    if (!h->growing || (resident && h->ready == was) || h->ready > room) h->ready = room;
 }
 
 /* Growing block h, asked for n bytes, now needs `need` from its start (past
- * h->ready; h->req is still the size before). A buffer growing by small
+ * h->ready, within its room; h->req is still the size before). A buffer growing by small
  * appends (steps of at most 1/32 of it) writes every byte: its pages up to `need` and a
  * window ahead (half as much again, 8 KiB to 256 KiB) come in with one call,
  * where it would take a page fault per page, each a trip into the kernel (in
@@ -420,7 +511,7 @@ static void large_populate(struct large_hdr *h, size_t n, size_t need) {
             : ahead > LARGE_AHEAD_MAX ? LARGE_AHEAD_MAX
                                       : ahead;
     size_t to = hak_align_up(need + ahead, HAK_PAGE_SIZE);
-    if (to > h->map_size) to = h->map_size;
+    if (to > large_room(h)) to = large_room(h);
     assert(h->ready % HAK_PAGE_SIZE == 0 && to % HAK_PAGE_SIZE == 0); /* (madvise wants pages) */
     os_populate((uint8_t *)h + h->ready, to - h->ready);              /* refused: they fault in */
     h->ready = to;
@@ -432,27 +523,29 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
         errno = ENOMEM;
         return NULL;
     }
-    /* A zero-size block still needs a byte of its own: without it, a block at
-     * an alignment offset would start one past its mapping. */
-    size_t need = hak_align_up(off + (size ? size : 1), HAK_PAGE_SIZE);
+    /* The block's room: its pages. A zero-size block still needs a byte of
+     * its own: without it, a block at an alignment offset would start one
+     * past its mapping. */
+    size_t room = hak_align_up(off + (size ? size : 1), HAK_PAGE_SIZE);
     size_t map_align = large_map_align(align);
-    size_t whole = hak_align_up(need, HAK_REGION_SIZE);
     bool thp = false;
     if (growing) {
-        /* Room to grow in place to the end of its region: address space
-         * only, its pages untouched until used. */
-        need = whole;
-    } else if (hak_cfg.hugepages && need >= HAK_REGION_SIZE) {
+        /* Room to grow in place to the end of its region (its mapping
+         * there, guard page and all): address space only, its pages
+         * untouched until used. */
+        room = hak_align_up(room + LARGE_GUARD, HAK_REGION_SIZE) - LARGE_GUARD;
+    } else if (hak_cfg.hugepages && room >= HAK_REGION_SIZE) {
         /* A mapping of whole regions is all huge pages, its last part too:
          * worth up to a quarter more address space (not under a limit on
          * it), which a huge page then makes resident as soon as any of it is
          * touched. */
         thp = true;
-        if (whole != need && whole - need <= need / 4 && os_as_limit() == SIZE_MAX) need = whole;
+        size_t whole = hak_align_up(room, HAK_REGION_SIZE);
+        if (whole != room && whole - room <= room / 4 && os_as_limit() == SIZE_MAX) room = whole;
     }
 
     size_t clean = 0; /* fresh mappings are zero throughout */
-    struct large_hdr *h = large_cache_take(need, map_align, growing, &clean);
+    struct large_hdr *h = large_cache_take(room, map_align, growing, &clean);
     if (h) {
         large_add(&large_n_hits, 1);
         /* A small-pages mapping asks for huge pages now (not under an
@@ -463,8 +556,11 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
         /* Room to grow costs 2 MiB of fresh address space: not under a limit
          * on it (looked up only here: it is a system call). */
         if (growing && os_as_limit() != SIZE_MAX) return NULL;
-        if ((h = large_map(need, map_align, thp)) == NULL) return NULL;
-        h->map_size = need;
+        /* (Its guard page past its room: out of its last huge page.) */
+        if ((h = large_map(room + LARGE_GUARD, map_align, thp)) == NULL) return NULL;
+        h->map_size = room + LARGE_GUARD;
+        h->guarded = false;
+        large_guard(h);
     }
     h->magic = LARGE_LIVE;
     h->offset = off;
@@ -475,7 +571,8 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
     /* A growing block's pages come in by large_populate as it grows, unless
      * a cached mapping had them already (`clean` may count the part a split
      * left in the cache); any other block's as touched. */
-    h->ready = growing && clean < h->map_size ? clean : h->map_size;
+    room = large_room(h);
+    h->ready = growing && clean < room ? clean : room;
     if (zero && clean > off) memset(h->user, 0, clean - off < size ? clean - off : size);
     large_add(&large_n_allocs, 1);
     large_add(&large_live_blocks, 1);
@@ -567,8 +664,8 @@ size_t large_usable_size(const void *p, uint32_t entry, const char *fn) {
 }
 
 /* Move block h's pages into a fresh aligned mapping of `need` bytes, for a
- * request of n. */
-static void *large_move(struct large_hdr *h, size_t need, size_t n) {
+ * request of n: its header there (no guard page yet), or NULL. */
+static struct large_hdr *large_move(struct large_hdr *h, size_t need, size_t n) {
     size_t off = h->offset, old = h->map_size;
     /* (The move keeps the mapping's own huge-page setting.) */
     struct large_hdr *dst = large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0), false);
@@ -580,58 +677,50 @@ static void *large_move(struct large_hdr *h, size_t need, size_t n) {
         os_unmap(dst, need);
         return NULL;
     }
-    large_set_map_size(dst, old, need, false); /* the pages it had came along */
+    large_set_map_size(dst, need, false, false); /* the pages it had came along */
     dst->req = n;
     dst->user = (uint8_t *)dst + off;
     dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
     large_add(&large_n_moved, 1);
     large_add(&large_live_bytes, (int64_t)need - (int64_t)old);
-    return dst->user;
+    return dst;
 }
 
-/* Grow h (`old` bytes) to `need` over the cached mapping right after it, if
+/* Grow h's room to `pages` over the cached mapping right after it, if
  * there is one big enough (what a split left of h's own mapping, typically:
  * no syscall, no fault for the pages it kept); what h does not need of it
- * stays cached, from the next region boundary on. */
-static bool large_grow_into_cached(struct large_hdr *h, size_t old, size_t need) {
-    uint8_t *end = (uint8_t *)h + old;
-    struct large_entry got = large_cache_claim(end, need - old, h->map, h->thp);
+ * stays cached, from the next region boundary on, with the guard page. */
+static bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
+    size_t old = h->map_size;
+    /* (At least the room wanted, whether the rest has the guard page or
+     * not.) */
+    struct large_entry got =
+        large_cache_claim((uint8_t *)h + old, pages - old + LARGE_GUARD, h->map, h->thp);
     if (got.size == 0) return false;
-    size_t size = old + got.size, keep = hak_align_up(need, HAK_REGION_SIZE);
+    size_t size = old + got.size, keep = hak_align_up(pages, HAK_REGION_SIZE);
+    bool guarded = got.guarded;
     if (size > keep && size - keep >= HAK_REGION_SIZE) {
         got.h = h;
         got.size = size;
         large_cache_add_rest(got, keep);
         size = keep;
+        guarded = false;
     }
     /* Its regions pointed to its own header: now to h's. Cannot fail (the
      * leaves exist). */
     rmap_mark_span(h, size, RMAP_LARGE);
-    large_set_map_size(h, old, size, !got.decommitted);
+    large_set_map_size(h, size, guarded, !got.decommitted);
     large_add(&large_n_inplace, 1);
     large_add(&large_live_bytes, (int64_t)size - (int64_t)old);
     return true;
 }
 
-/* large_realloc of h to n bytes (`need` from its header), but for growth
- * within the pages it has. */
-__attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t n, size_t need) {
-    void *p = h->user;
+/* large_resize's change of h's mapping to `need` bytes for a request of n,
+ * h's guard page taken away: the block's header where it is now (h itself,
+ * or a fresh mapping its pages moved to), its mapping's end now the end of
+ * a kernel mapping; NULL when it cannot grow (h as it was). */
+static struct large_hdr *large_remap(struct large_hdr *h, size_t n, size_t need) {
     size_t old = h->map_size;
-    /* Fits: trimmed only when asked for less than before, by half or more
-     * (a block growing into its room stays as it is). */
-    if (need <= old && (n >= h->req || need >= old / 2)) {
-        /* (Past the pages it has: a growing block's, since any other's are
-         * all its mapping.) */
-        if (need > h->ready) large_populate(h, n, need);
-        h->req = n;
-        return p;
-    }
-    /* (h->req changes only with success: it is the usable size the caller
-     * copies by when this fails.) */
-    if (n <= HAK_SMALL_MAX) return NULL; /* a small block now: copied into its class */
-    int saved = errno;                   /* a failed in-place attempt must not show in errno */
-
     /* Region-map entries of a range are always cleared before the range is
      * given up, so another thread mapping it next never has its fresh
      * entries erased. Re-marking after a failure cannot fail: the leaves
@@ -641,45 +730,73 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
         if (keep < old) rmap_clear_span((uint8_t *)h + keep, old - keep);
         if (!os_resize(h, old, need)) {
             rmap_mark_span(h, old, RMAP_LARGE);
-            errno = saved;
             h->req = n;
-            return p; /* keep the bigger mapping */
+            return h; /* keep the bigger mapping */
         }
-    } else if (large_grow_into_cached(h, old, need)) {
-        h->req = n;
-        return p; /* the rest of its own mapping, split off earlier and cached */
     } else if (os_resize(h, old, need)) {
         if (!rmap_mark_span(h, need, RMAP_LARGE)) {
             os_resize(h, need, old); /* cannot register the growth: undo it */
-            errno = saved;
             return NULL;
         }
     } else {
-        void *q = large_move(h, need, n);
-        errno = saved;
-        return q;
+        return large_move(h, need, n);
     }
-    large_set_map_size(h, old, need, false);
-    if (need > h->ready) large_populate(h, n, need); /* a growing block grown */
+    large_set_map_size(h, need, false, false);
     h->req = n;
     large_add(&large_n_inplace, 1);
     large_add(&large_live_bytes, (int64_t)need - (int64_t)old);
+    return h;
+}
+
+/* large_realloc of h to n bytes (`pages` from its header), but for growth
+ * within the pages it has. */
+__attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t n, size_t pages) {
+    size_t room = large_room(h);
+    /* Fits: trimmed only when asked for less than before, by half or more
+     * (a block growing into its room stays as it is). */
+    if (pages <= room && (n >= h->req || pages >= room / 2)) {
+        /* (Past the pages it has: a growing block's, since any other's are
+         * all its room.) */
+        if (pages > h->ready) large_populate(h, n, pages);
+        h->req = n;
+        return h->user;
+    }
+    /* (h->req changes only with success: it is the usable size the caller
+     * copies by when this fails.) */
+    if (n <= HAK_SMALL_MAX) return NULL; /* a small block now: copied into its class */
+    if (pages > room && !h->guarded && large_grow_into_cached(h, pages)) {
+        if (pages > h->ready) large_populate(h, n, pages); /* a growing block grown */
+        h->req = n;
+        return h->user; /* the rest of its own mapping, split off earlier and cached */
+    }
+    /* The mapping's end moves: its guard page goes first (mremap refuses a
+     * range that mprotect split), and comes at the new end. */
+    size_t had = h->map_size;
+    if (!large_drop_guard(h, &h->map_size, &h->guarded)) return NULL;
+    large_add(&large_live_bytes, (int64_t)h->map_size - (int64_t)had);
+    int saved = errno; /* a failed in-place attempt must not show in errno */
+    struct large_hdr *to = large_remap(h, n, pages + LARGE_GUARD);
     errno = saved;
-    return p;
+    /* (Refused, h keeps the page its guard was in: its last may be there.) */
+    if (to == NULL) return NULL;
+    large_guard(to);
+    if (pages > to->ready) large_populate(to, n, pages); /* a growing block grown */
+    errno = saved;
+    return to->user;
 }
 
 void *large_realloc(void *p, uint32_t entry, size_t n) {
     struct large_hdr *h = large_header(p, entry, "realloc");
     size_t off = h->offset;
-    if (n > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */
-    size_t need = hak_align_up(off + n, HAK_PAGE_SIZE);
+    if (n > HAK_MAX_REQUEST - off - 2 * HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */
+    size_t pages = hak_align_up(off + n, HAK_PAGE_SIZE);
     /* The common case of a growing buffer: it fits in the pages it has; no
      * call, no lock. */
-    if (hak_likely(need <= h->ready && n >= h->req)) {
+    if (hak_likely(pages <= h->ready && n >= h->req)) {
         h->req = n;
         return p;
     }
-    return large_resize(h, n, need);
+    return large_resize(h, n, pages);
 }
 
 bool large_trim(void) {

@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <malloc.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,7 +26,8 @@
 #define MiB ((size_t)1 << 20)
 
 static uint64_t os_total(void) {
-    return os_calls(OS_MMAP) + os_calls(OS_MUNMAP) + os_calls(OS_MADVISE) + os_calls(OS_MREMAP);
+    return os_calls(OS_MMAP) + os_calls(OS_MUNMAP) + os_calls(OS_MADVISE) + os_calls(OS_MREMAP) +
+           os_calls(OS_MPROTECT);
 }
 
 #ifndef HAK_TEST_TSAN /* its runtime calls getrlimit before it can run instrumented code */
@@ -296,15 +298,16 @@ static void test_hugepages_option(void **state) {
     free(p);
     malloc_trim(0);
     /* Rounded up to whole 2 MiB regions when that adds at most a quarter
-     * (mapped, not reported: the usable size is the request's pages). */
+     * (mapped, not reported: the usable size is the request's pages), and
+     * the guard page past them, out of the last huge page. */
     uint64_t live = lstats().live_bytes;
     p = malloc(5 * MiB + 4096);
-    assert_int_equal(lstats().live_bytes, live + 6 * MiB);
+    assert_int_equal(lstats().live_bytes, live + 6 * MiB + 4096);
     assert_int_equal(malloc_usable_size(p), 5 * MiB + 8192 - 64);
     free(p);
     malloc_trim(0);
     p = malloc(2 * MiB + 4096); /* to 4 MiB would nearly double it */
-    assert_true(lstats().live_bytes <= live + 2 * MiB + 8192);
+    assert_true(lstats().live_bytes <= live + 2 * MiB + 8192 + 4096); /* (+ its guard page) */
     free(p);
 }
 
@@ -439,8 +442,8 @@ static void test_realloc_grown_block_grows_in_place(void **state) {
     assert_false(maps_resident(p + MiB)); /* room is address space only */
     uint64_t before = os_total(), advised = os_calls(OS_MADVISE);
     size_t n = 5000;
-    while (n < 2 * MiB - 4096) {
-        size_t m = n + n / 2 < 2 * MiB - 4096 ? n + n / 2 : 2 * MiB - 4096;
+    while (n < 2 * MiB - 8192) { /* (its last page is its guard) */
+        size_t m = n + n / 2 < 2 * MiB - 8192 ? n + n / 2 : 2 * MiB - 8192;
         uint8_t *q = realloc(p, m);
         assert_ptr_equal(q, p);
         memset(p + n, (int)(m & 0xff), m - n);
@@ -550,28 +553,28 @@ static void test_growing_block_big_steps_populate_nothing(void **state) {
     (void)state;
     if (!kernel_populates()) skip();
     malloc_trim(0);
-    uint64_t advised = os_calls(OS_MADVISE);
+    uint64_t advised = os_fault_site_calls(OS_SITE_POPULATE);
     uint8_t *p = realloc(malloc(100), 5000);
     for (size_t n = 5000; n < 600000; n += n / 2) {
         uint8_t *q = realloc(p, n + n / 2);
         assert_ptr_equal(q, p);
         p[n + n / 2 - 1] = 1;
     }
-    assert_int_equal(os_calls(OS_MADVISE), advised);
+    assert_int_equal(os_fault_site_calls(OS_SITE_POPULATE), advised);
     assert_false(maps_resident(p + 12 * 1024));
     assert_false(maps_resident(p + 300 * 1024));
     free(p);
     /* Nor steps of an eighth (CPython's lists over-allocate so, and fill
      * the room later or never: populating them took its RSS up 1.9%). */
     malloc_trim(0);
-    advised = os_calls(OS_MADVISE);
+    advised = os_fault_site_calls(OS_SITE_POPULATE);
     p = realloc(malloc(100), 5000);
     for (size_t n = 5000; n < 600000; n += n / 8) {
         uint8_t *q = realloc(p, n + n / 8);
         assert_ptr_equal(q, p);
         p[n - 1] = 1;
     }
-    assert_int_equal(os_calls(OS_MADVISE), advised);
+    assert_int_equal(os_fault_site_calls(OS_SITE_POPULATE), advised);
     free(p);
 }
 
@@ -604,6 +607,7 @@ static void test_refused_populate_asked_once_per_window(void **state) {
 static void test_merged_entry_is_newest(void **state) {
     (void)state;
     hak_cfg.bigcache_bytes = 28 * MiB;
+    /* (Each mapping has its guard page past its regions.) */
     uint8_t *p = malloc(8 * MiB - 4096), *q = malloc(16 * MiB - 4096), *s = malloc(6 * MiB - 4096);
     memset(p, 0x88, 8 * MiB - 4096);
     free(p);
@@ -611,9 +615,9 @@ static void test_merged_entry_is_newest(void **state) {
     assert_ptr_equal(r, p);
     free(q);
     free(r); /* merges with the rest: the 8 MiB again, freed last */
-    assert_int_equal(lstats().cached_bytes, 24 * MiB);
+    assert_int_equal(lstats().cached_bytes, 24 * MiB + 8192);
     free(s); /* 30 MiB: the least recently freed (q's 16 MiB) goes */
-    assert_int_equal(lstats().cached_bytes, 14 * MiB);
+    assert_int_equal(lstats().cached_bytes, 14 * MiB + 8192);
     uint64_t before = os_total();
     assert_ptr_equal(malloc(8 * MiB - 4096), p);
     assert_int_equal(os_total(), before);
@@ -751,6 +755,137 @@ static void test_small_pages_entry_gets_huge_pages(void **state) {
     free(p);
 }
 
+/* In a child: write byte after byte from p on until a write faults; the
+ * address of the fault (0 when `limit` bytes went without one). */
+static int fault_pipe = -1;
+static void fault_report(int sig, siginfo_t *si, void *ctx) {
+    (void)sig, (void)ctx;
+    uintptr_t at = (uintptr_t)si->si_addr;
+    _exit(write(fault_pipe, &at, sizeof at) == sizeof at ? 0 : 3);
+}
+static uintptr_t first_fault(uint8_t *p, size_t limit) {
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        fault_pipe = fd[1];
+        struct sigaction sa = {.sa_sigaction = fault_report, .sa_flags = SA_SIGINFO};
+        sigaction(SIGSEGV, &sa, NULL);
+        for (size_t i = 0; i < limit; i++)
+            ((volatile uint8_t *)p)[i] = 0xee;
+        uintptr_t none = 0;
+        _exit(write(fd[1], &none, sizeof none) == sizeof none ? 0 : 3);
+    }
+    close(fd[1]);
+    uintptr_t at = 1;
+    assert_int_equal(read(fd[0], &at, sizeof at), (ssize_t)sizeof at);
+    close(fd[0]);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    return at;
+}
+
+/* The first page past a block's pages: where a fresh mapping's guard is. */
+static uintptr_t pages_end(const uint8_t *p, size_t n) {
+    return ((uintptr_t)p + n + 4095) & ~(uintptr_t)4095;
+}
+
+/* A Large block's overflow faults at the guard page past its pages, through
+ * every way its mapping changes: fresh, reused from the cache (no call),
+ * grown, moved, trimmed, cut from a bigger cached mapping. */
+static void guard_follows_the_block(void) {
+    size_t n = 3 * MiB + 100;
+    uint8_t *p = malloc(n);
+    assert_non_null(p);
+    memset(p, 0x11, n);
+    assert_int_equal(first_fault(p, 8 * MiB), pages_end(p, n));
+    free(p);
+    uint64_t before = os_total();
+    uint8_t *q = malloc(n); /* the same mapping, its guard still there */
+    assert_ptr_equal(q, p);
+    assert_int_equal(os_total(), before);
+    assert_int_equal(first_fault(q, 8 * MiB), pages_end(q, n));
+    /* Grown (in place or moved) and trimmed: the guard at each new end. */
+    q = realloc(q, 9 * MiB + 5);
+    assert_non_null(q);
+    assert_int_equal(q[3 * MiB + 99], 0x11);
+    assert_int_equal(first_fault(q, 16 * MiB), pages_end(q, 9 * MiB + 5));
+    q = realloc(q, 2 * MiB + 7);
+    assert_int_equal(q[2 * MiB + 6], 0x11);
+    assert_int_equal(first_fault(q, 16 * MiB), pages_end(q, 2 * MiB + 7));
+    free(q);
+    /* Cut from a bigger cached mapping: the rest keeps the guard page, the
+     * part taken has none at its end (the rest follows it), and grown over
+     * the rest it has the rest's. */
+    malloc_trim(0);
+    uint8_t *big = malloc(12 * MiB - 4096);
+    free(big);
+    uint8_t *a = malloc(2 * MiB - 4096);
+    assert_ptr_equal(a, big);
+    uint8_t *b = malloc(10 * MiB - 4096); /* the rest */
+    assert_ptr_equal(b, big + 2 * MiB);
+    assert_int_equal(first_fault(b, 16 * MiB), pages_end(b, 10 * MiB - 4096));
+    free(b);
+    before = os_total();
+    a = realloc(a, 6 * MiB); /* over the rest, to the next region boundary */
+    assert_ptr_equal(a, big);
+    assert_int_equal(os_total(), before);
+    uint8_t *c = malloc(4 * MiB - 4096); /* what it left */
+    assert_ptr_equal(c, big + 8 * MiB);
+    assert_int_equal(first_fault(c, 16 * MiB), pages_end(c, 4 * MiB - 4096));
+    free(c);
+    a = realloc(a, 12 * MiB - 4096); /* over that too: the guard page is a's */
+    assert_ptr_equal(a, big);
+    assert_int_equal(first_fault(a, 16 * MiB), pages_end(a, 12 * MiB - 4096));
+    free(a);
+}
+
+static void test_guard_page_after_every_block(void **state) {
+    (void)state;
+    guard_follows_the_block();
+}
+
+/* A kernel without guard markers (before Linux 6.13): mprotect, the same
+ * guards. */
+static void test_guard_page_by_mprotect(void **state) {
+    (void)state;
+    os_fault_no_markers(true);
+    malloc_trim(0);
+    guard_follows_the_block();
+    malloc_trim(0);
+    os_fault_no_markers(false);
+}
+
+/* Refused guards: a block goes without one, and a guard page that cannot
+ * be unmapped keeps its mapping from growing or moving (realloc copies). */
+static void test_refused_guard_calls(void **state) {
+    (void)state;
+    os_fault_only(1u << OS_SITE_GUARD_ADD);
+    os_fault_arm(0, UINT64_MAX);
+    uint8_t *p = malloc(3 * MiB);
+    os_fault_disarm();
+    assert_non_null(p);
+    memset(p, 0x21, 3 * MiB);
+    p = realloc(p, 7 * MiB); /* nothing to take away */
+    assert_non_null(p);
+    assert_int_equal(p[3 * MiB - 1], 0x21);
+    os_fault_only(1u << OS_SITE_MUNMAP);
+    os_fault_arm(0, UINT64_MAX);
+    uint64_t was = os_fault_site_failed(OS_SITE_MUNMAP);
+    uint8_t *q = realloc(p, 15 * MiB); /* a copy: its guard page stays */
+    uint64_t refused = os_fault_site_failed(OS_SITE_MUNMAP) - was;
+    os_fault_disarm();
+    os_fault_only(~0u);
+    assert_true(refused >= 1);
+    assert_non_null(q);
+    assert_int_equal(q[3 * MiB - 1], 0x21);
+    assert_int_equal(q[7 * MiB - 1], 0);
+    assert_int_equal(first_fault(q, 32 * MiB), pages_end(q, 15 * MiB));
+    free(q);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -782,6 +917,9 @@ int main(void) {
         cmocka_unit_test_setup(test_realloc_copy_keeps_errno, reset),
         cmocka_unit_test_setup(test_parts_of_two_mappings_do_not_merge, reset),
         cmocka_unit_test_setup(test_small_pages_entry_gets_huge_pages, reset),
+        cmocka_unit_test_setup(test_guard_page_after_every_block, reset),
+        cmocka_unit_test_setup(test_guard_page_by_mprotect, reset),
+        cmocka_unit_test_setup(test_refused_guard_calls, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -48,6 +48,8 @@ static const char *const os_site_names[OS_NSITES] = {
     [OS_SITE_RESIZE] = "resize mremap",
     [OS_SITE_MOVE] = "move mremap",
     [OS_SITE_GUARD] = "guard mprotect",
+    [OS_SITE_GUARD_ADD] = "guard-add madvise",
+    [OS_SITE_GUARD_REMOVE] = "guard-remove madvise",
 };
 static _Atomic uint64_t os_fault_n;                            /* calls since the last arm */
 static _Atomic uint64_t os_fault_lo = UINT64_MAX, os_fault_hi; /* fail calls lo+1 .. hi */
@@ -328,6 +330,52 @@ bool os_readable(void *p, size_t size) {
 
 bool os_guard(void *p, size_t size) {
     return os_protect(p, size, PROT_NONE, os_fault(OS_SITE_GUARD));
+}
+
+#ifndef MADV_GUARD_INSTALL
+#define MADV_GUARD_INSTALL 102 /* Linux 6.13; glibc 2.36's headers lack it */
+#define MADV_GUARD_REMOVE  103
+#endif
+/* Whether the kernel has guard markers: 1 yes, 0 no, -1 not asked yet. */
+static _Atomic int os_markers = -1;
+
+static bool os_have_markers(void) {
+    int m = atomic_load_explicit(&os_markers, memory_order_relaxed);
+    if (hak_unlikely(m < 0)) {
+        /* An empty range: a kernel that knows the advice says 0 and does
+         * nothing, an older one EINVAL. */
+        int saved = errno;
+        os_count(OS_MADVISE);
+        m = madvise((void *)HAK_PAGE_SIZE, 0, MADV_GUARD_INSTALL) == 0;
+        errno = saved;
+        atomic_store_explicit(&os_markers, m, memory_order_relaxed);
+    }
+    return m == 1;
+}
+
+#ifdef HAK_FAULT_INJECT
+void os_fault_no_markers(bool on) {
+    atomic_store(&os_markers, on ? 0 : -1);
+}
+#endif
+
+/* madvise(advice) where the kernel has guard markers, else mprotect(prot);
+ * counted, errno left alone. */
+static bool os_guard_set(void *p, size_t size, int advice, int prot, bool injected) {
+    if (!os_have_markers()) return os_protect(p, size, prot, injected);
+    int saved = errno;
+    os_count(OS_MADVISE);
+    bool ok = !injected && madvise(p, size, advice) == 0;
+    errno = saved;
+    return ok;
+}
+
+bool os_guard_add(void *p, size_t size) {
+    return os_guard_set(p, size, MADV_GUARD_INSTALL, PROT_NONE, os_fault(OS_SITE_GUARD_ADD));
+}
+
+bool os_guard_remove(void *p, size_t size) {
+    return os_guard_set(p, size, MADV_GUARD_REMOVE, OS_RW, os_fault(OS_SITE_GUARD_REMOVE));
 }
 
 bool os_commit(void *p, size_t size) {

@@ -75,6 +75,17 @@ void os_uncommit(void *p, size_t size);
 /* Make [p, p+size) (page multiples) inaccessible: a guard, where any access
  * faults. false when refused (the pages are then as they were). */
 bool os_guard(void *p, size_t size);
+/* A guard that is taken away again: [p, p+size) (page multiples) inside a
+ * mapping faults on any access and costs no memory; it stays through
+ * os_decommit. Where the kernel has guard markers (Linux 6.13) the mapping
+ * stays one mapping; older kernels get mprotect, which splits it, and
+ * mremap refuses a range over two: take the guard away before os_resize or
+ * os_move of a range that holds it. false when refused (nothing changed;
+ * the kernel refuses markers in locked memory). */
+bool os_guard_add(void *p, size_t size);
+/* Take os_guard_add's guard away: [p, p+size) is readable and writable
+ * again. false when refused: it may still fault. */
+bool os_guard_remove(void *p, size_t size);
 
 uint64_t os_calls(enum os_call kind);
 
@@ -111,6 +122,8 @@ enum os_site {
     OS_SITE_RESIZE,          /* os_resize: mremap */
     OS_SITE_MOVE,            /* os_move: mremap MREMAP_FIXED */
     OS_SITE_GUARD,           /* os_guard: mprotect PROT_NONE */
+    OS_SITE_GUARD_ADD,       /* os_guard_add: madvise MADV_GUARD_INSTALL or mprotect */
+    OS_SITE_GUARD_REMOVE,    /* os_guard_remove: madvise MADV_GUARD_REMOVE or mprotect */
     OS_NSITES
 };
 void os_fault_arm(uint64_t skip, uint64_t count);
@@ -124,6 +137,9 @@ uint64_t os_fault_seen(void);
 uint64_t os_fault_site_calls(enum os_site s);
 uint64_t os_fault_site_failed(enum os_site s);
 const char *os_fault_site_name(enum os_site s);
+/* os_guard_add and os_guard_remove use mprotect, as on a kernel without
+ * guard markers, while `on` (tests of that path). */
+void os_fault_no_markers(bool on);
 #endif
 
 #endif
