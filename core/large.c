@@ -79,10 +79,11 @@ static void large_guard(struct large_hdr *h) {
     if (h->ready > large_room(h)) h->ready = large_room(h);
 }
 
-/* Take the guard page of the mapping of `size` bytes at h away, if
- * *guarded; false when refused: the page may still fault, so the mapping
- * may not be resized or merged. */
-static bool large_unguard(void *h, size_t size, bool *guarded) {
+/* Take the guard page of the mapping of `size` bytes at h away where it
+ * is, if *guarded (a merge: the page is inside the merged mapping); false
+ * when refused: the page may still fault, so the mapping may not be merged.
+ * (Before a mapping grows, moves or is trimmed: large_drop_guard.) */
+static bool large_clear_guard(void *h, size_t size, bool *guarded) {
     if (*guarded && !os_guard_remove(large_guard_page(h, size), LARGE_GUARD)) return false;
     *guarded = false;
     return true;
@@ -181,8 +182,8 @@ static void large_release(struct large_hdr *h, size_t size) {
     os_unmap(h, size);
 }
 
-/* Before the mapping of *size bytes at h grows or moves: its guard page, if
- * *guarded, is unmapped, not taken away where it is. A page table left in
+/* Before the mapping of *size bytes at h grows, moves or is trimmed: its
+ * guard page, if *guarded, is unmapped, not taken away where it is. A page table left in
  * the region past the last whole one would keep the growth there from being
  * a huge page (a fault per page instead of one). false when refused. */
 static bool large_drop_guard(void *h, size_t *size, bool *guarded) {
@@ -294,8 +295,8 @@ static void large_cache_merge(struct large_cache *lc, struct large_entry *e) {
          * merges are rare). */
         if (c->map != e->map || c->decommitted != e->decommitted || c->thp != e->thp ||
             (!before && !after) ||
-            (before ? !large_unguard(c->h, c->size, &c->guarded)
-                    : !large_unguard(e->h, e->size, &e->guarded))) {
+            (before ? !large_clear_guard(c->h, c->size, &c->guarded)
+                    : !large_clear_guard(e->h, e->size, &e->guarded))) {
             i++;
             continue;
         }
@@ -378,10 +379,12 @@ static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size
 
 /* A cached mapping with at least `need` bytes of room at `map_align` (see
  * large_cache_pick for `small_pages`), its regions marked for it and its
- * map_size, thp and guarded set, or NULL. One that must grow gets its guard
- * page past `need` (so a whole-regions `need` keeps its last huge page). *clean: bytes from this
- * offset on read as zero (pages decommitted, or added by growth), and before it the pages are taken
- * as resident; it may pass the map_size of a split one. */
+ * map_size, thp and guarded set, or NULL. One that must grow gets its
+ * guard page past `need` (so a whole-regions `need` keeps its last huge
+ * page). *clean: bytes from this offset on read as zero (pages
+ * decommitted, or added by growth), and before it the pages are taken as
+ * resident (a grown mapping's old guard page too: a hint only); it may pass
+ * the map_size of a split one. */
 static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool small_pages,
                                           size_t *clean) {
     struct large_cache *lc = &large_cache;
@@ -777,11 +780,12 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
     int saved = errno; /* a failed in-place attempt must not show in errno */
     struct large_hdr *to = large_remap(h, n, pages + LARGE_GUARD);
     errno = saved;
-    /* (Refused, h keeps the page its guard was in: its last may be there.) */
+    /* Refused, h is left without a guard page: one now would take the last
+     * page of its room, which its bytes may fill (the caller copies them
+     * to a new block and frees it). */
     if (to == NULL) return NULL;
     large_guard(to);
     if (pages > to->ready) large_populate(to, n, pages); /* a growing block grown */
-    errno = saved;
     return to->user;
 }
 
