@@ -67,9 +67,14 @@ HAK_INLINE void *large_guard_page(const void *h, size_t size) {
     return (uint8_t *)h + size - LARGE_GUARD;
 }
 
-/* The bytes from h on that a block may use. */
+/* The bytes a mapping of `size` may hold a block in: all but its guard
+ * page, if `guarded`. */
+HAK_INLINE size_t large_room_of(size_t size, bool guarded) {
+    return size - (guarded ? LARGE_GUARD : 0);
+}
+
 HAK_INLINE size_t large_room(const struct large_hdr *h) {
-    return h->map_size - (h->guarded ? LARGE_GUARD : 0);
+    return large_room_of(h->map_size, h->guarded);
 }
 
 /* Add a guard page at the end of h's mapping, which ends a kernel mapping
@@ -125,10 +130,6 @@ struct large_entry {
     bool thp;     /* the mapping asked for huge pages */
     bool guarded; /* its last page is a guard */
 };
-
-HAK_INLINE size_t large_entry_room(const struct large_entry *e) {
-    return e->size - (e->guarded ? LARGE_GUARD : 0);
-}
 
 struct large_cache {
     pthread_mutex_t lock;
@@ -365,7 +366,7 @@ static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size
          * would keep a whole region of a bigger entry (a split leaves
          * region-aligned parts): not more than 4x. */
         if (need + LARGE_GUARD < HAK_REGION_SIZE && e->size / 4 > need + LARGE_GUARD) continue;
-        bool fits = large_entry_room(e) >= need;
+        bool fits = large_room_of(e->size, e->guarded) >= need;
         if (e->decommitted) {
             if (fits && (cold == LARGE_CACHE_N || e->size < lc->e[cold].size)) cold = i;
         } else if (fits) {
@@ -399,7 +400,7 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
 
     struct large_hdr *h = got.h;
     *clean = got.decommitted ? 0 : got.size;
-    bool grown = large_entry_room(&got) < need;
+    bool grown = large_room_of(got.size, got.guarded) < need;
     if (grown) {
         /* Grown where it is, or its pages moved to a new mapping; its guard
          * page would be inside. */

@@ -323,21 +323,25 @@ static void new_zero_then_free(void *unused) {
 
 static void test_mismatched_free(void **state) {
     (void)state;
-    struct death d;
-    run_child(new_then_free, NULL, &d);
-    assert_aborted(&d);
-    assert_non_null(strstr(d.err, "hakmem: free(): mismatched free 0x"));
-    assert_non_null(strstr(d.err, "(allocated by operator new, block of 40 bytes, checked tier)"));
-    run_child(malloc_then_delete, NULL, &d);
-    assert_aborted(&d);
-    assert_non_null(strstr(d.err, "hakmem: operator delete(): mismatched free 0x"));
-    assert_non_null(strstr(d.err, "(allocated by malloc, block of 40 bytes"));
-    run_child(new_array_then_delete, NULL, &d);
-    assert_aborted(&d);
-    assert_non_null(strstr(d.err, "(allocated by operator new[], block of 40 bytes"));
-    run_child(new_zero_then_free, NULL, &d);
-    assert_aborted(&d);
-    assert_non_null(strstr(d.err, "(allocated by operator new[], block of 0 bytes"));
+    /* Each mismatch: the call named (when checked here) and the block. */
+    static const struct {
+        void (*fn)(void *);
+        const char *call, *block;
+    } cases[] = {
+        {new_then_free, "hakmem: free(): mismatched free 0x",
+         "(allocated by operator new, block of 40 bytes, checked tier)"},
+        {malloc_then_delete, "hakmem: operator delete(): mismatched free 0x",
+         "(allocated by malloc, block of 40 bytes"},
+        {new_array_then_delete, NULL, "(allocated by operator new[], block of 40 bytes"},
+        {new_zero_then_free, NULL, "(allocated by operator new[], block of 0 bytes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct death d;
+        run_child(cases[i].fn, NULL, &d);
+        assert_aborted(&d);
+        if (cases[i].call) assert_non_null(strstr(d.err, cases[i].call));
+        assert_non_null(strstr(d.err, cases[i].block));
+    }
     /* The matching ones are fine. */
     _ZdlPv(_Znwm(40));
     _ZdaPv(_Znam(40));

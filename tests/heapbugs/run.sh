@@ -225,6 +225,17 @@ awk -F'\t' -v names="${names[*]}" -v total="$ncases" '
         if (a == A[1]) kt[k]++
     }
     function row(s) { print "| " s " |" }
+    # A table: one row per key (keys[1..n]), one column per allocator.
+    function grid(title, keys, n, cell,   i, j, s, sep) {
+        s = title; sep = "---"
+        for (i = 1; i <= na; i++) { s = s " | " A[i]; sep = sep " | :-:" }
+        row(s); row(sep)
+        for (j = 1; j <= n; j++) {
+            s = keys[j]
+            for (i = 1; i <= na; i++) s = s " | " cell[keys[j], A[i]]
+            row(s)
+        }
+    }
     END {
         print "## Summary (caught of " total ")\n"
         print "| allocator | caught | of which reported only | of which mitigated | hangs | errors |"
@@ -232,23 +243,11 @@ awk -F'\t' -v names="${names[*]}" -v total="$ncases" '
         for (i = 1; i <= na; i++)
             row(sprintf("%s | %d / %d | %d | %d | %d | %d", A[i], caught[A[i]], total, rep[A[i]], mit[A[i]], hang[A[i]], err[A[i]]))
         print "\n## Caught per kind\n"
-        s = "kind"; sep = "---"
-        for (i = 1; i <= na; i++) { s = s " | " A[i]; sep = sep " | :-:" }
-        row(s); row(sep)
-        for (j = 1; j <= nk; j++) {
-            k = korder[j]; s = k
-            for (i = 1; i <= na; i++) s = s " | " kc[k, A[i]] + 0 "/" kt[k]
-            row(s)
-        }
+        for (j = 1; j <= nk; j++)
+            for (i = 1; i <= na; i++) kcell[korder[j], A[i]] = kc[korder[j], A[i]] + 0 "/" kt[korder[j]]
+        grid("kind", korder, nk, kcell)
         print "\n## Per case (C caught, R reported on stderr only, H hang, E error, · missed)\n"
-        s = "case"; sep = "---"
-        for (i = 1; i <= na; i++) { s = s " | " A[i]; sep = sep " | :-:" }
-        row(s); row(sep)
-        for (j = 1; j <= nc; j++) {
-            c = order[j]; s = c
-            for (i = 1; i <= na; i++) s = s " | " m[c, A[i]]
-            row(s)
-        }
+        grid("case", order, nc, m)
     }' "$results" >"$table"
 
 # Summary on stdout.
