@@ -45,6 +45,14 @@ HAK_INLINE uint64_t *large_canary(const void *user) {
     return (uint64_t *)user - 1;
 }
 
+/* The canary's value: from the per-process secret, every byte's high bit
+ * set, so that no byte of text or small number written over it matches its
+ * byte there (the report names the farthest byte written: one that matched
+ * would be missed). */
+HAK_INLINE uint64_t large_canary_value(void) {
+    return hak_secret() | 0x8080808080808080ull;
+}
+
 /* Every kernel mapping the tier makes ends in a guard page: a block's
  * linear overflow faults there, at the latest, instead of running into the
  * next mapping (and a block above it that underflows stops there too).
@@ -569,7 +577,7 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
     h->magic = LARGE_LIVE;
     h->offset = off;
     h->user = (uint8_t *)h + off;
-    *large_canary(h->user) = hak_secret();
+    *large_canary(h->user) = large_canary_value();
     h->req = size;
     h->growing = growing;
     /* A growing block's pages come in by large_populate as it grows, unless
@@ -610,7 +618,7 @@ void *large_alloc_growing(size_t size) {
 __attribute__((noreturn, noinline, cold)) static void
 large_reject(const void *p, const struct large_hdr *h, const char *fn) {
     if (h->magic == LARGE_LIVE && h->user == p) { /* live, its canary overwritten */
-        uint64_t was = hak_secret() ^ *large_canary(p);
+        uint64_t was = large_canary_value() ^ *large_canary(p);
         diag_bug(&(struct diag_bug){.fn = fn,
                                     .kind = DIAG_HEAP_UNDERFLOW,
                                     .p = p,
@@ -630,7 +638,7 @@ HAK_INLINE struct large_hdr *large_mapping_of(const void *p, uint32_t entry) {
 }
 
 HAK_INLINE bool large_hdr_live(const struct large_hdr *h, const void *p) {
-    return h->magic == LARGE_LIVE && h->user == p && *large_canary(p) == hak_secret();
+    return h->magic == LARGE_LIVE && h->user == p && *large_canary(p) == large_canary_value();
 }
 
 /* The live header for p, or abort naming p. Inlined: realloc of a growing

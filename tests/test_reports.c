@@ -117,6 +117,38 @@ static void test_large_underflow_reported(void **state) {
         }
 }
 
+/* An underflow that writes text (or any byte below 0x80) over the canary is
+ * reported with its exact farthest byte, whatever the secret: no canary
+ * byte can be such a byte. (Found flaky: the test above wrote 'A', and a
+ * secret with an 'A' byte made the report one byte short.) Each step writes
+ * the 7-bit byte nearest the canary's own byte there. */
+struct underflow_with {
+    char *p;
+    size_t n;
+    unsigned char v;
+};
+
+static void underflow_with_then_free(void *arg) {
+    struct underflow_with *u = arg;
+    memset(u->p - u->n, u->v, u->n);
+    free(u->p);
+}
+
+static void test_large_underflow_of_text_exact(void **state) {
+    (void)state;
+    char *p = malloc(3 * MiB + 8);
+    for (size_t n = 1; n <= 8; n++) {
+        struct underflow_with u = {p, n, (unsigned char)(p[-(ptrdiff_t)n] & 0x7f)};
+        char line[160];
+        snprintf(line, sizeof line,
+                 "hakmem: free(): heap underflow %p (byte -%zu written, block of %zu bytes, "
+                 "large tier)",
+                 (void *)p, n, 3 * MiB + 8);
+        expect_death(underflow_with_then_free, &u, line);
+    }
+    free(p);
+}
+
 static void test_pool_underflow_rejected(void **state) {
     (void)state;
     for (size_t n = 1; n <= 32; n *= 2) {
@@ -321,6 +353,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_double_free_names_block_and_tier),
         cmocka_unit_test(test_invalid_pointer_says_where),
         cmocka_unit_test(test_large_underflow_reported),
+        cmocka_unit_test(test_large_underflow_of_text_exact),
         cmocka_unit_test(test_pool_underflow_rejected),
         cmocka_unit_test(test_pool_overflow_into_next_rejected),
         cmocka_unit_test(test_free_sized_wrong_size_aborts),
