@@ -56,8 +56,10 @@ struct pool_chunk {
 #define POOL_CHUNK_HDR 512u /* first block header at this offset */
 _Static_assert(sizeof(struct pool_chunk) <= POOL_CHUNK_HDR, "chunk header size");
 
+/* Every byte's high bit set: no text or small number written over a tag
+ * leaves it whole. */
 static inline uint32_t pool_tag(const void *block) {
-    return (uint32_t)((uintptr_t)block >> 4) ^ 0x9e3779b9u;
+    return ((uint32_t)((uintptr_t)block >> 4) ^ 0x9e3779b9u) | 0x80808080u;
 }
 
 static inline struct pool_hdr *pool_hdr_of(const void *block) {

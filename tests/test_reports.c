@@ -121,7 +121,7 @@ static void test_large_underflow_reported(void **state) {
  * reported with its exact farthest byte, whatever the secret: no canary
  * byte can be such a byte. (Found flaky: the test above wrote 'A', and a
  * secret with an 'A' byte made the report one byte short.) Each step writes
- * the 7-bit byte nearest the canary's own byte there. */
+ * one byte, n below the block: the 7-bit byte nearest the canary's own. */
 struct underflow_with {
     char *p;
     size_t n;
@@ -130,7 +130,7 @@ struct underflow_with {
 
 static void underflow_with_then_free(void *arg) {
     struct underflow_with *u = arg;
-    memset(u->p - u->n, u->v, u->n);
+    u->p[-(ptrdiff_t)u->n] = (char)u->v;
     free(u->p);
 }
 
@@ -151,6 +151,18 @@ static void test_large_underflow_of_text_exact(void **state) {
 
 static void test_pool_underflow_rejected(void **state) {
     (void)state;
+    /* Whatever the address: each byte of the tag below the block, alone,
+     * written with the 7-bit byte nearest it (a tag byte that 'A' matched
+     * let the loop below miss a 1-byte underflow, by the block's address). */
+    for (size_t n = 1; n <= 4; n++) {
+        char *p = malloc(20000);
+        struct underflow_with u = {p, n, (unsigned char)(p[-(ptrdiff_t)n] & 0x7f)};
+        char line[160];
+        snprintf(line, sizeof line, "hakmem: free(): invalid pointer %p (in the pool tier)",
+                 (void *)p);
+        expect_death(underflow_with_then_free, &u, line);
+        free(p);
+    }
     for (size_t n = 1; n <= 32; n *= 2) {
         char *p = malloc(20000);
         struct underflow u = {p, n};
