@@ -364,6 +364,34 @@ static void test_realloc_remap_refused(void **state) {
     free(q);
 }
 
+/* A block realloc grew takes free_sized with the size realloc was given,
+ * whichever tier served it. Found by fuzz_api: growing 200 KiB to 300 KiB,
+ * the growing Large block and the L2.5 block for half as much again were
+ * refused, the last resort was a Large block of the 450 KiB class's size,
+ * and free_sized(q, 300 KiB) aborted with a size mismatch. Here the first
+ * k OS calls of the realloc fail, for every k up to where nothing fails. */
+static void test_free_sized_after_refused_growth(void **state) {
+    (void)state;
+    const size_t from = 200 * KiB, to = 300 * KiB;
+    for (uint64_t k = 1; k < 64; k++) {
+        struct blk b = {malloc(from), from, (uint8_t)k};
+        assert_non_null(b.p);
+        fill(&b);
+        malloc_trim(0); /* no cached bundle or mapping: each tier asks the OS */
+        os_fault_arm(0, k);
+        uint8_t *q = realloc(b.p, to);
+        os_fault_disarm();
+        if (q == NULL) {
+            check(&b, from, "realloc refused");
+            hak_free_sized(b.p, from);
+            continue;
+        }
+        b.p = q;
+        check(&b, from, "realloc");
+        hak_free_sized(q, to);
+    }
+}
+
 /* free() leaves errno alone, even when giving memory back is refused (found
  * by fuzz_api: the fifth of five 3 MiB blocks freed pushed the oldest out of
  * the BigCache, its munmap failed and free returned with errno ENOMEM;
@@ -601,6 +629,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_range_growth_refused),
         cmocka_unit_test(test_trim_unmap_refused),
         cmocka_unit_test(test_realloc_remap_refused),
+        cmocka_unit_test(test_free_sized_after_refused_growth),
         cmocka_unit_test(test_free_keeps_errno_when_unmap_refused),
         cmocka_unit_test(test_sweeps_under_mlockall),
         cmocka_unit_test(test_odd_growth_steps_stay_whole),

@@ -132,16 +132,22 @@ static bool front_size_belongs(const struct front_block *b, size_t n, size_t ali
     uint32_t cls = align > HAK_MIN_ALIGN ? front_aligned_class(align, n)
                    : n <= HAK_SMALL_MAX  ? small_class_of(n)
                                          : SMALL_NCLASSES;
+    uint32_t bcls = b->cls;
     if (b->tier == DIAG_CHECKED) return b->size == n; /* it knows the size asked */
-    /* A small block is Large when its tier had no memory (front_small_failed):
-     * it then asked for the class size. */
-    if (b->tier == DIAG_LARGE)
-        return b->size == n || (cls < SMALL_NCLASSES && b->size == small_class_size[cls]);
-    if (exact || align > HAK_MIN_ALIGN) return b->cls == cls;
+    if (b->tier == DIAG_LARGE) {
+        if (b->size == n) return true;
+        /* A small block is Large when its tier had no memory
+         * (front_small_failed): it then asked for a class size, n's own or,
+         * for realloc's room to grow, a bigger one. The rules below hold. */
+        if (b->size > HAK_SMALL_MAX || small_class_size[small_class_of(b->size)] != b->size)
+            return false;
+        bcls = small_class_of(b->size);
+    }
+    if (exact || align > HAK_MIN_ALIGN) return bcls == cls;
     /* realloc keeps a block that shrinks less than four classes down
      * (front_realloc_class), and grows one within the L2.5 tier to a block
      * for half as much again: at most three classes up. */
-    return cls <= b->cls && b->cls < cls + 4 && n <= b->size;
+    return cls <= bcls && bcls < cls + 4 && n <= b->size;
 }
 
 bool front_free_sized_slow(void *p, size_t n, size_t align, bool exact, const char *fn) {
