@@ -6,6 +6,7 @@
 #include "box/os.h"
 #include "box/rmap.h"
 #include "box/secret.h"
+#include "front/lifecycle.h"
 #include "sizeclass.h"
 
 #include <errno.h>
@@ -113,7 +114,7 @@ static _Noreturn void chk_report(const char *fn, enum diag_kind kind, uintptr_t 
 
 /* The family a freeing call frees. */
 static unsigned chk_family_of(const char *fn) {
-    if (strncmp(fn, "operator delete", 15) != 0) return CHK_MALLOC;
+    if (fn[0] != 'o' || strncmp(fn, "operator delete", 15) != 0) return CHK_MALLOC;
     return fn[15] == '[' ? CHK_NEW_ARRAY : CHK_NEW;
 }
 
@@ -136,10 +137,13 @@ struct chk_region {
     _Atomic uint32_t carved; /* slots cut so far, from the front */
 };
 
+/* A class's slots no thread holds: a free list (links encoded, see
+ * chk_link) and the region slots are cut from. Threads take and give back
+ * slots in batches (struct chk_thread). */
 struct chk_class {
     pthread_mutex_t lock;
-    uintptr_t free;         /* free slots, linked through word1 (encoded) */
-    struct chk_region *cur; /* the region slots are cut from */
+    uintptr_t free;
+    struct chk_region *cur;
 };
 static struct chk_class chk_classes[SMALL_NCLASSES] = {
     [0 ... SMALL_NCLASSES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
@@ -171,7 +175,10 @@ static inline _Atomic uint64_t *chk_word0(uintptr_t slot) {
  * block was ever there). */
 static bool chk_read(uintptr_t slot, size_t size, struct chk_slot *s) {
     uint64_t key = chk_key(slot);
-    uint64_t i = atomic_load_explicit(chk_word0(slot), memory_order_acquire) ^ key;
+    uint64_t w = atomic_load_explicit(chk_word0(slot), memory_order_acquire);
+    uint64_t i = w ^ key;
+    *s = (struct chk_slot){0};
+    if (w == 0) return false; /* fresh memory: a slot cut, never handed out */
     uint64_t low = i & ((1ull << CHK_INFO_BITS) - 1);
     s->n = low & ((1u << 20) - 1);
     s->fam = low >> 20 & 3;
@@ -214,18 +221,6 @@ static struct chk_region *chk_region_new(uint32_t cls) {
     return r;
 }
 
-/* A never-used slot of class c (lock held); 0 when no memory. */
-static uintptr_t chk_carve(struct chk_class *c, uint32_t cls) {
-    struct chk_region *r = c->cur;
-    if (r == NULL || atomic_load_explicit(&r->carved, memory_order_relaxed) == r->nslots) {
-        if ((r = chk_region_new(cls)) == NULL) return 0;
-        c->cur = r;
-    }
-    uint32_t i = atomic_load_explicit(&r->carved, memory_order_relaxed);
-    atomic_store_explicit(&r->carved, i + 1, memory_order_release);
-    return (uintptr_t)r + CHK_FIRST + (size_t)i * r->size;
-}
-
 static inline uintptr_t chk_link(uintptr_t slot) {
     uint64_t v;
     __builtin_memcpy(&v, (const void *)(slot + 8), 8);
@@ -263,26 +258,217 @@ static void chk_verify_wipe(uintptr_t slot, size_t size, const char *fn) {
     chk_report(fn, DIAG_WRITE_AFTER_FREE, u, n, (ptrdiff_t)(bad - u));
 }
 
-static void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
-    uint32_t cls = small_class_of(n + align - HAK_MIN_ALIGN + CHK_HDR + 1);
+/* ---- per-thread slot caches ------------------------------------------------
+ * Each thread keeps, without a lock, a quarantine of the slots it freed and
+ * free lists of slots per class, taken from and given back to the classes
+ * in batches. A freed slot lands at a random place among CHK_T_RAND,
+ * pushing the one there into a FIFO of up to CHK_T_BYTES (and CHK_T_RING
+ * slots); what leaves the FIFO goes onto the thread's free list. So a block
+ * is reused neither at once nor in an order a program could count on. The
+ * bound: the quarantine is the working set every reuse reads back (the
+ * wipe is verified), so it decides the speed; past the CPU's caches, every
+ * reuse is a miss. A thread's cache outlives it: at its exit it goes to a
+ * list of unowned ones, which the next new thread takes over. */
+#define CHK_T_RAND  16
+#define CHK_T_RING  ((size_t)4096)
+#define CHK_T_BYTES ((size_t)1 << 20)
+#define CHK_T_LIST  ((size_t)256 << 10) /* free slots a thread keeps per class, in bytes */
+#define CHK_T_BATCH 32u                 /* slots moved per lock, at most */
+
+struct chk_list {
+    uintptr_t head;
+    uint32_t n;
+};
+
+struct chk_thread {
+    struct chk_thread *next; /* on the unowned list */
+    uint64_t rng;
+    struct chk_list free[SMALL_NCLASSES];
+    /* Slots cut from a region for this thread and not handed out yet:
+     * never used, so nothing to verify. */
+    uintptr_t fresh[SMALL_NCLASSES], fresh_end[SMALL_NCLASSES];
+    uintptr_t rand[CHK_T_RAND];
+    size_t head, n, bytes; /* the FIFO; bytes: it and rand together */
+    uintptr_t ring[CHK_T_RING];
+};
+#define CHK_T_SIZE hak_align_up(sizeof(struct chk_thread), HAK_PAGE_SIZE)
+
+static __thread struct chk_thread *chk_me;
+static pthread_mutex_t chk_t_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct chk_thread *chk_t_unowned;
+
+/* An unowned cache, or a new one; NULL when no memory. */
+static struct chk_thread *chk_thread_take(void) {
+    hak_lock(&chk_t_lock);
+    struct chk_thread *t = chk_t_unowned;
+    if (t != NULL) chk_t_unowned = t->next;
+    hak_unlock(&chk_t_lock);
+    if (t != NULL) return t;
+    t = os_map_aligned(CHK_T_SIZE, HAK_PAGE_SIZE);
+    if (t != NULL) t->rng = chk_mix(hak_secret() ^ (uintptr_t)t) | 1;
+    return t;
+}
+
+static void chk_thread_give(struct chk_thread *t) {
+    hak_lock(&chk_t_lock);
+    t->next = chk_t_unowned;
+    chk_t_unowned = t;
+    hak_unlock(&chk_t_lock);
+}
+
+/* The calling thread's cache. A thread that cannot be told of its exit (past
+ * it, or while arming for it) is lent an unowned one for the call: *lent,
+ * and chk_thread_give after. NULL when there is no memory for one. */
+static inline struct chk_thread *chk_thread_get(bool *lent) {
+    *lent = false;
+    if (hak_likely(chk_me != NULL)) return chk_me;
+    if (!life_thread_arm()) {
+        *lent = true;
+        return chk_thread_take();
+    }
+    return chk_me = chk_thread_take(); /* NULL: the next call tries again */
+}
+
+void chk_thread_exit(void) {
+    if (chk_me == NULL) return;
+    chk_thread_give(chk_me);
+    chk_me = NULL;
+}
+
+/* slot's link, which must be 0 or a slot of class cls; a corrupted one is
+ * reported as a write after free of slot's old block (after `unlock`, if
+ * not NULL, is released). */
+static uintptr_t chk_next(uintptr_t slot, uint32_t cls, pthread_mutex_t *unlock) {
+    uintptr_t next = chk_link(slot);
+    if (hak_likely(chk_link_ok(next, cls))) return next;
+    if (unlock != NULL) hak_unlock(unlock);
+    size_t old;
+    uintptr_t u = chk_old_block(slot, small_class_size[cls], &old);
+    chk_report("malloc", DIAG_WRITE_AFTER_FREE, u, old, (ptrdiff_t)(slot + 8 - u));
+}
+
+/* Slots to move at a time: CHK_T_LIST / 2 bytes' worth, 1 to CHK_T_BATCH. */
+static inline uint32_t chk_batch(uint32_t cls) {
+    size_t k = CHK_T_LIST / 2 / small_class_size[cls];
+    return k < 1 ? 1 : k > CHK_T_BATCH ? CHK_T_BATCH : (uint32_t)k;
+}
+
+/* Give t some slots of class cls: freed ones from the class, or else fresh
+ * ones cut from its region. False when no memory. */
+static bool chk_refill(struct chk_thread *t, uint32_t cls) {
     struct chk_class *c = &chk_classes[cls];
-    size_t size = small_class_size[cls];
+    uint32_t k = chk_batch(cls);
     hak_lock(&c->lock);
-    uintptr_t slot = c->free;
-    bool wiped = slot != 0;
-    if (wiped) {
-        uintptr_t next = chk_link(slot);
-        if (hak_unlikely(!chk_link_ok(next, cls))) {
-            hak_unlock(&c->lock);
-            size_t old;
-            uintptr_t u = chk_old_block(slot, size, &old);
-            chk_report("malloc", DIAG_WRITE_AFTER_FREE, u, old, (ptrdiff_t)(slot + 8 - u));
+    if (c->free != 0) {
+        /* The first k, or all there are: the rest stays the class's. */
+        uintptr_t head = c->free, last = head;
+        uint32_t n = 1;
+        uintptr_t next = chk_next(last, cls, &c->lock);
+        for (; n < k && next != 0; n++) {
+            last = next;
+            next = chk_next(last, cls, &c->lock);
         }
         c->free = next;
-    } else {
-        slot = chk_carve(c, cls);
+        hak_unlock(&c->lock);
+        t->free[cls] = (struct chk_list){head, n};
+        return true;
     }
+    struct chk_region *r = c->cur;
+    if (r == NULL || atomic_load_explicit(&r->carved, memory_order_relaxed) == r->nslots) {
+        if ((r = chk_region_new(cls)) == NULL) {
+            hak_unlock(&c->lock);
+            return false;
+        }
+        c->cur = r;
+    }
+    uint32_t i = atomic_load_explicit(&r->carved, memory_order_relaxed);
+    uint32_t m = r->nslots - i < k ? r->nslots - i : k;
+    /* (Cut is what a pointer must be in to be a block: chk_slot_of.) */
+    atomic_store_explicit(&r->carved, i + m, memory_order_release);
     hak_unlock(&c->lock);
+    t->fresh[cls] = (uintptr_t)r + CHK_FIRST + (size_t)i * r->size;
+    t->fresh_end[cls] = t->fresh[cls] + (size_t)m * r->size;
+    return true;
+}
+
+/* A slot of class cls for t; 0 when no memory. *wiped: it was used before
+ * (its wipe must be verified). */
+static uintptr_t chk_take(struct chk_thread *t, uint32_t cls, bool *wiped) {
+    struct chk_list *l = &t->free[cls];
+    if (l->n == 0 && t->fresh[cls] == t->fresh_end[cls] && !chk_refill(t, cls)) return 0;
+    *wiped = l->n != 0;
+    if (*wiped) {
+        uintptr_t slot = l->head;
+        l->head = chk_next(slot, cls, NULL);
+        l->n--;
+        return slot;
+    }
+    uintptr_t slot = t->fresh[cls];
+    t->fresh[cls] += small_class_size[cls];
+    return slot;
+}
+
+/* A slot out of t's quarantine: onto t's free list of its class; past
+ * CHK_T_LIST bytes, that list goes back to the class. */
+static void chk_keep(struct chk_thread *t, uintptr_t slot) {
+    const struct chk_region *r = chk_region_of(slot);
+    uint32_t cls = r->cls;
+    struct chk_list *l = &t->free[cls];
+    chk_set_link(slot, l->head);
+    l->head = slot;
+    if (++l->n < 2 || (size_t)l->n * r->size <= CHK_T_LIST) return;
+    uintptr_t last = slot;
+    for (uint32_t i = 1; i < l->n; i++)
+        last = chk_next(last, cls, NULL);
+    struct chk_class *c = &chk_classes[cls];
+    hak_lock(&c->lock);
+    chk_set_link(last, c->free);
+    c->free = l->head;
+    hak_unlock(&c->lock);
+    *l = (struct chk_list){0, 0};
+}
+
+static uintptr_t chk_t_pop(struct chk_thread *t) {
+    uintptr_t x = t->ring[t->head];
+    t->head = (t->head + 1) % CHK_T_RING;
+    t->n--;
+    t->bytes -= chk_region_of(x)->size;
+    return x;
+}
+
+static void chk_quarantine(struct chk_thread *t, uintptr_t slot, size_t size) {
+    t->rng ^= t->rng << 13;
+    t->rng ^= t->rng >> 7;
+    t->rng ^= t->rng << 17;
+    size_t i = (size_t)(t->rng % CHK_T_RAND);
+    uintptr_t x = t->rand[i];
+    t->rand[i] = slot;
+    t->bytes += size;
+    if (x != 0) {
+        if (t->n == CHK_T_RING) chk_keep(t, chk_t_pop(t));
+        t->ring[(t->head + t->n++) % CHK_T_RING] = x;
+    }
+    while (t->bytes > CHK_T_BYTES && t->n > 0)
+        chk_keep(t, chk_t_pop(t));
+}
+
+/* Verify the wipe of everything in t's quarantine (exit). */
+static void chk_thread_verify(const struct chk_thread *t) {
+    for (size_t i = 0; i < CHK_T_RAND; i++)
+        if (t->rand[i]) chk_verify_wipe(t->rand[i], chk_region_of(t->rand[i])->size, "exit");
+    for (size_t i = 0; i < t->n; i++) {
+        uintptr_t x = t->ring[(t->head + i) % CHK_T_RING];
+        chk_verify_wipe(x, chk_region_of(x)->size, "exit");
+    }
+}
+
+static void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
+    uint32_t cls = small_class_of(n + align - HAK_MIN_ALIGN + CHK_HDR + 1);
+    size_t size = small_class_size[cls];
+    bool lent, wiped = false;
+    struct chk_thread *t = chk_thread_get(&lent);
+    uintptr_t slot = t != NULL ? chk_take(t, cls, &wiped) : 0;
+    if (lent && t != NULL) chk_thread_give(t);
     if (slot == 0) {
         errno = ENOMEM;
         return NULL;
@@ -453,76 +639,15 @@ static void chk_zero_free(uintptr_t a, const char *fn) {
     atomic_fetch_sub_explicit(&chk_zero_count, 1, memory_order_relaxed);
 }
 
-/* ---- quarantine ------------------------------------------------------------------ */
+/* ---- big blocks' quarantine -------------------------------------------------- */
 
-/* A freed slot lands at a random place among CHK_Q_RAND, pushing the one
- * there into a FIFO of up to CHK_Q_BYTES (and CHK_Q_RING slots); what leaves
- * the FIFO goes back on its free list. So a block is reused neither at once
- * nor in an order a program could count on. Big blocks, which hold no
- * memory once freed, wait in a FIFO of their own, for their address space.
- * The bound: the quarantine is the working set every reuse reads back (the
- * wipe is verified), so it decides the speed; 4 MiB runs the 64 KiB
- * documents of bench_scenarios json 2.3x faster than 16 MiB did. */
-#define CHK_Q_RAND     64
-#define CHK_Q_RING     ((size_t)1 << 16)
-#define CHK_Q_BYTES    ((size_t)4 << 20)
+/* Big blocks, which hold no memory once freed, wait in a FIFO for their
+ * address space: a pointer to one faults for as long. */
 #define CHK_Q_BIG      64
 #define CHK_Q_BIG_SPAN ((size_t)1 << 30) /* their address space, at most */
 static pthread_mutex_t chk_q_lock = PTHREAD_MUTEX_INITIALIZER;
-static uintptr_t chk_q_rand[CHK_Q_RAND];
-static uintptr_t *chk_q_ring; /* mapped by chk_start; NULL: no FIFO */
-static size_t chk_q_head, chk_q_n, chk_q_bytes;
-static uint64_t chk_q_rng;
 static uintptr_t chk_q_big[CHK_Q_BIG];
 static size_t chk_q_big_head, chk_q_big_n, chk_q_big_span;
-
-static inline size_t chk_slot_size(uintptr_t slot) {
-    return chk_region_of(slot)->size;
-}
-
-/* A slot out of quarantine: onto its class's free list. */
-static void chk_release(uintptr_t slot) {
-    struct chk_class *c = &chk_classes[chk_region_of(slot)->cls];
-    hak_lock(&c->lock);
-    chk_set_link(slot, c->free);
-    c->free = slot;
-    hak_unlock(&c->lock);
-}
-
-static uintptr_t chk_q_pop(void) {
-    uintptr_t x = chk_q_ring[chk_q_head];
-    chk_q_head = (chk_q_head + 1) % CHK_Q_RING;
-    chk_q_n--;
-    chk_q_bytes -= chk_slot_size(x);
-    return x;
-}
-
-static void chk_quarantine(uintptr_t slot, size_t size) {
-    uintptr_t out[8];
-    size_t nout = 0;
-    hak_lock(&chk_q_lock);
-    chk_q_rng ^= chk_q_rng << 13;
-    chk_q_rng ^= chk_q_rng >> 7;
-    chk_q_rng ^= chk_q_rng << 17;
-    size_t i = (size_t)(chk_q_rng % CHK_Q_RAND);
-    uintptr_t x = chk_q_rand[i];
-    chk_q_rand[i] = slot;
-    chk_q_bytes += size;
-    if (x != 0) {
-        if (chk_q_ring == NULL) {
-            chk_q_bytes -= chk_slot_size(x);
-            out[nout++] = x;
-        } else {
-            if (chk_q_n == CHK_Q_RING) out[nout++] = chk_q_pop();
-            chk_q_ring[(chk_q_head + chk_q_n++) % CHK_Q_RING] = x;
-        }
-    }
-    while (chk_q_bytes > CHK_Q_BYTES && chk_q_n > 0 && nout < 8)
-        out[nout++] = chk_q_pop();
-    hak_unlock(&chk_q_lock);
-    for (size_t k = 0; k < nout; k++)
-        chk_release(out[k]);
-}
 
 static void chk_unmap_big(struct chk_big *g) {
     size_t map = g->map;
@@ -659,7 +784,18 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
     if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, freed))
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
     memset((void *)(b->slot + CHK_HDR), chk_wipe_byte, b->size - CHK_HDR);
-    chk_quarantine(b->slot, b->size);
+    bool lent;
+    struct chk_thread *t = chk_thread_get(&lent);
+    if (hak_unlikely(t == NULL)) { /* no memory for a cache: straight back to its class */
+        struct chk_class *c = &chk_classes[chk_region_of(b->slot)->cls];
+        hak_lock(&c->lock);
+        chk_set_link(b->slot, c->free);
+        c->free = b->slot;
+        hak_unlock(&c->lock);
+        return;
+    }
+    chk_quarantine(t, b->slot, b->size);
+    if (lent) chk_thread_give(t);
 }
 
 /* ---- the tier's interface -------------------------------------------------------- */
@@ -751,25 +887,23 @@ bool chk_is_live(const void *p, uint32_t e, size_t *size) {
 void chk_start(void) {
     uint64_t s = hak_secret();
     chk_wipe_byte = (uint8_t)(0x80 | (s >> 40 & 0x7f));
-    chk_q_rng = chk_mix(s) | 1;
-    chk_q_ring = os_map_aligned(CHK_Q_RING * sizeof(uintptr_t), HAK_PAGE_SIZE);
     chk_zero_start();
     chk_on = true;
 }
 
 void chk_exit(void) {
     if (!chk_on) return;
-    hak_lock(&chk_q_lock);
-    for (size_t i = 0; i < CHK_Q_RAND; i++)
-        if (chk_q_rand[i]) chk_verify_wipe(chk_q_rand[i], chk_slot_size(chk_q_rand[i]), "exit");
-    for (size_t i = 0; i < chk_q_n; i++) {
-        uintptr_t x = chk_q_ring[(chk_q_head + i) % CHK_Q_RING];
-        chk_verify_wipe(x, chk_slot_size(x), "exit");
-    }
-    hak_unlock(&chk_q_lock);
+    /* This thread's quarantine and those of threads that ended: any other
+     * thread may be changing its own now. */
+    if (chk_me != NULL) chk_thread_verify(chk_me);
+    hak_lock(&chk_t_lock);
+    for (const struct chk_thread *t = chk_t_unowned; t != NULL; t = t->next)
+        chk_thread_verify(t);
+    hak_unlock(&chk_t_lock);
 }
 
 void chk_fork_prepare(void) {
+    hak_lock(&chk_t_lock);
     hak_lock(&chk_q_lock);
     hak_lock(&chk_zero_lock);
     for (uint32_t c = 0; c < SMALL_NCLASSES; c++)
@@ -781,4 +915,5 @@ void chk_fork_release(void) {
         hak_unlock(&chk_classes[c].lock);
     hak_unlock(&chk_zero_lock);
     hak_unlock(&chk_q_lock);
+    hak_unlock(&chk_t_lock);
 }

@@ -55,7 +55,11 @@ size_t chk_usable_size(const void *p, uint32_t e, const char *fn);
 /* Whether p is a live block, and its size. */
 bool chk_is_live(const void *p, uint32_t e, size_t *size);
 
-/* At exit: verify the blocks still in quarantine. */
+/* A thread's exit: its cache (quarantine, free slots) goes to the next new
+ * thread. */
+void chk_thread_exit(void);
+/* At exit: verify the blocks still in quarantine (this thread's and those
+ * of threads that ended). */
 void chk_exit(void);
 void chk_fork_prepare(void);
 void chk_fork_release(void);

@@ -207,6 +207,67 @@ static void test_write_after_free_found_at_exit(void **state) {
     }
 }
 
+/* A thread's quarantine outlives it: written after free, a block it freed
+ * is found at exit too. */
+static void *free_then_write(void *arg) {
+    struct uaf *u = arg;
+    char *p = fresh(u->n);
+    free(p);
+    p[u->at] = 'x';
+    return NULL;
+}
+
+static void write_after_free_in_thread_then_exit(void *arg) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, free_then_write, arg) != 0 || pthread_join(t, NULL) != 0) _exit(3);
+    exit(0);
+}
+
+static void test_write_after_free_in_ended_thread_found_at_exit(void **state) {
+    (void)state;
+    struct uaf u = {100, 50};
+    struct death d;
+    run_child(write_after_free_in_thread_then_exit, &u, &d);
+    assert_aborted(&d);
+    if (strstr(d.err, "hakmem: exit(): write after free 0x") == NULL ||
+        strstr(d.err, "(byte 50 written, block of 100 bytes, checked tier)") == NULL)
+        fail_msg("no report: %s", d.err);
+}
+
+/* Resident pages of this process. */
+static size_t resident_bytes(void) {
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f == NULL || fscanf(f, "%*ld %ld", &pages) != 1) fail_msg("cannot read /proc/self/statm");
+    fclose(f);
+    return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static void *fill_quarantine(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 4096; i++)
+        free(malloc(512));
+    return NULL;
+}
+
+/* The memory of a thread's cache (a full quarantine: 2 MiB freed) goes to
+ * the next thread at its exit: 200 threads one after another hold no more
+ * than a few. */
+static void test_ended_threads_caches_reused(void **state) {
+    (void)state;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fill_quarantine, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    size_t before = resident_bytes();
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(pthread_create(&t, NULL, fill_quarantine, NULL), 0);
+        assert_int_equal(pthread_join(t, NULL), 0);
+    }
+    size_t grew = resident_bytes() - before;
+    if (grew > ((size_t)16 << 20))
+        fail_msg("200 threads in turn: %zu KiB more resident", grew >> 10);
+}
+
 /* Frees of blocks of another size, until the freed block p has left the
  * quarantine for its free list: the next malloc of its size takes it. */
 static void flush_quarantine(void) {
@@ -573,6 +634,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_double_free_every_size),
         cmocka_unit_test(test_invalid_pointers),
         cmocka_unit_test(test_write_after_free_found_at_exit),
+        cmocka_unit_test(test_write_after_free_in_ended_thread_found_at_exit),
+        cmocka_unit_test(test_ended_threads_caches_reused),
         cmocka_unit_test(test_write_after_free_found_on_reuse),
         cmocka_unit_test(test_quarantine_and_wipe),
         cmocka_unit_test(test_zero_size_blocks),

@@ -43,6 +43,7 @@ static void life_thread_exit(void *unused) {
     pool_thread_exit();
     l25_thread_flush();
     tc_thread_close();
+    chk_thread_exit();
 }
 
 /* Fork: take every allocator lock so the child never inherits one held by a
