@@ -234,13 +234,14 @@ static void test_write_after_free_in_ended_thread_found_at_exit(void **state) {
         fail_msg("no report: %s", d.err);
 }
 
-/* Resident pages of this process. */
-static size_t resident_bytes(void) {
-    long pages = 0;
+/* Resident memory of this process. */
+static long resident_kib(void) {
+    long size = 0, res = 0;
     FILE *f = fopen("/proc/self/statm", "r");
-    if (f == NULL || fscanf(f, "%*ld %ld", &pages) != 1) fail_msg("cannot read /proc/self/statm");
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%ld %ld", &size, &res), 2);
     fclose(f);
-    return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+    return res * 4;
 }
 
 static void *fill_quarantine(void *arg) {
@@ -258,14 +259,13 @@ static void test_ended_threads_caches_reused(void **state) {
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, fill_quarantine, NULL), 0);
     assert_int_equal(pthread_join(t, NULL), 0);
-    size_t before = resident_bytes();
+    long before = resident_kib();
     for (int i = 0; i < 200; i++) {
         assert_int_equal(pthread_create(&t, NULL, fill_quarantine, NULL), 0);
         assert_int_equal(pthread_join(t, NULL), 0);
     }
-    size_t grew = resident_bytes() - before;
-    if (grew > ((size_t)16 << 20))
-        fail_msg("200 threads in turn: %zu KiB more resident", grew >> 10);
+    long grew = resident_kib() - before;
+    if (grew > 16 * 1024) fail_msg("200 threads in turn: %ld KiB more resident", grew);
 }
 
 /* Frees of blocks of another size, until the freed block p has left the
@@ -528,14 +528,6 @@ static void test_big_underflow_beyond_eight_bytes(void **state) {
 
 /* Found by review: calloc wrote over a big block's fresh pages, making all
  * of them resident. */
-static long resident_kib(void) {
-    long size = 0, res = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    assert_non_null(f);
-    assert_int_equal(fscanf(f, "%ld %ld", &size, &res), 2);
-    fclose(f);
-    return res * 4;
-}
 
 static void test_calloc_big_touches_nothing(void **state) {
     (void)state;
@@ -545,6 +537,40 @@ static void test_calloc_big_touches_nothing(void **state) {
     assert_true(resident_kib() - before < 16 * 1024);
     assert_int_equal(p[100 * MiB], 0);
     free(p);
+}
+
+/* Freed big blocks keep their pages, inaccessible, and their mappings are
+ * used again once CHK_Q_BIG_WAIT (16) others were freed after them: calloc
+ * must then clear what the last block left, and a write to the block freed
+ * faults until then. */
+static void write_freed_big(void *p) {
+    ((volatile char *)p)[1000] = 'x';
+}
+
+static void test_big_mappings_reused_after_quarantine(void **state) {
+    (void)state;
+    enum { N = 24 };
+    char *p[N];
+    for (int i = 0; i < N; i++)
+        p[i] = fresh(300 * KiB);
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    struct death d;
+    run_child(write_freed_big, p[N - 1], &d);
+    assert_true(WIFSIGNALED(d.status) && WTERMSIG(d.status) == SIGSEGV);
+    char *q[N];
+    int reused = 0;
+    for (int i = 0; i < N; i++) {
+        q[i] = calloc(1, 300 * KiB);
+        assert_non_null(q[i]);
+        for (size_t k = 0; k < 300 * KiB; k += 512)
+            if (q[i][k] != 0) fail_msg("calloc %d: byte %zu is %d", i, k, q[i][k]);
+        for (int j = 0; j < N; j++)
+            reused += q[i] == p[j];
+    }
+    assert_true(reused > 0);
+    for (int i = 0; i < N; i++)
+        free(q[i]);
 }
 
 static void test_aligned_blocks(void **state) {
@@ -651,6 +677,7 @@ int main(int argc, char **argv) {
 #endif
         cmocka_unit_test(test_big_underflow_beyond_eight_bytes),
         cmocka_unit_test(test_calloc_big_touches_nothing),
+        cmocka_unit_test(test_big_mappings_reused_after_quarantine),
         cmocka_unit_test(test_aligned_blocks),
         cmocka_unit_test(test_threads_free_each_others_blocks),
     };

@@ -63,9 +63,10 @@ bool os_reserve_at(void *p, size_t size);
 /* Make reserved [p, p+size) readable: it reads as zeros and still costs no
  * memory. false when refused. */
 bool os_readable(void *p, size_t size);
-/* Make [p, p+size) inside a reservation readable and writable, zero-filled
- * (locked, if the program asked for all its memory locked). false, and
- * nothing changed, when the OS refuses. */
+/* Make [p, p+size) inside a reservation (or made inaccessible by os_guard)
+ * readable and writable: zero-filled where it has no pages, as they were
+ * where it has (locked, if the program asked for all its memory locked).
+ * false, and nothing changed, when the OS refuses. */
 bool os_commit(void *p, size_t size);
 /* Give [p, p+size) inside a reservation back to the OS: its pages go, the
  * addresses stay reserved, read-only and reading as zeros (always: if the
