@@ -329,22 +329,16 @@ static inline struct chk_thread *chk_thread_get(bool *lent) {
     return chk_me = chk_thread_take(); /* NULL: the next call tries again */
 }
 
-void chk_thread_exit(void) {
-    if (chk_me == NULL) return;
-    chk_thread_give(chk_me);
-    chk_me = NULL;
-}
-
 /* slot's link, which must be 0 or a slot of class cls; a corrupted one is
- * reported as a write after free of slot's old block (after `unlock`, if
- * not NULL, is released). */
-static uintptr_t chk_next(uintptr_t slot, uint32_t cls, pthread_mutex_t *unlock) {
+ * reported (for call fn) as a write after free of slot's old block (after
+ * `unlock`, if not NULL, is released). */
+static uintptr_t chk_next(uintptr_t slot, uint32_t cls, pthread_mutex_t *unlock, const char *fn) {
     uintptr_t next = chk_link(slot);
     if (hak_likely(chk_link_ok(next, cls))) return next;
     if (unlock != NULL) hak_unlock(unlock);
     size_t old;
     uintptr_t u = chk_old_block(slot, small_class_size[cls], &old);
-    chk_report("malloc", DIAG_WRITE_AFTER_FREE, u, old, (ptrdiff_t)(slot + 8 - u));
+    chk_report(fn, DIAG_WRITE_AFTER_FREE, u, old, (ptrdiff_t)(slot + 8 - u));
 }
 
 /* Slots to move at a time: CHK_T_LIST / 2 bytes' worth, 1 to CHK_T_BATCH. */
@@ -363,10 +357,10 @@ static bool chk_refill(struct chk_thread *t, uint32_t cls) {
         /* The first k, or all there are: the rest stays the class's. */
         uintptr_t head = c->free, last = head;
         uint32_t n = 1;
-        uintptr_t next = chk_next(last, cls, &c->lock);
+        uintptr_t next = chk_next(last, cls, &c->lock, "malloc");
         for (; n < k && next != 0; n++) {
             last = next;
-            next = chk_next(last, cls, &c->lock);
+            next = chk_next(last, cls, &c->lock, "malloc");
         }
         c->free = next;
         hak_unlock(&c->lock);
@@ -399,7 +393,7 @@ static uintptr_t chk_take(struct chk_thread *t, uint32_t cls, bool *wiped) {
     *wiped = l->n != 0;
     if (*wiped) {
         uintptr_t slot = l->head;
-        l->head = chk_next(slot, cls, NULL);
+        l->head = chk_next(slot, cls, NULL, "malloc");
         l->n--;
         return slot;
     }
@@ -408,24 +402,30 @@ static uintptr_t chk_take(struct chk_thread *t, uint32_t cls, bool *wiped) {
     return slot;
 }
 
-/* A slot out of t's quarantine: onto t's free list of its class; past
- * CHK_T_LIST bytes, that list goes back to the class. */
-static void chk_keep(struct chk_thread *t, uintptr_t slot) {
-    const struct chk_region *r = chk_region_of(slot);
-    uint32_t cls = r->cls;
+/* t's free list of class cls back to the class (fn: the call, for a
+ * report). */
+static void chk_give_list(struct chk_thread *t, uint32_t cls, const char *fn) {
     struct chk_list *l = &t->free[cls];
-    chk_set_link(slot, l->head);
-    l->head = slot;
-    if (++l->n < 2 || (size_t)l->n * r->size <= CHK_T_LIST) return;
-    uintptr_t last = slot;
+    if (l->n == 0) return;
+    uintptr_t last = l->head;
     for (uint32_t i = 1; i < l->n; i++)
-        last = chk_next(last, cls, NULL);
+        last = chk_next(last, cls, NULL, fn);
     struct chk_class *c = &chk_classes[cls];
     hak_lock(&c->lock);
     chk_set_link(last, c->free);
     c->free = l->head;
     hak_unlock(&c->lock);
     *l = (struct chk_list){0, 0};
+}
+
+/* A slot out of t's quarantine: onto t's free list of its class; past
+ * CHK_T_LIST bytes, that list goes back to the class. */
+static void chk_keep(struct chk_thread *t, uintptr_t slot, const char *fn) {
+    const struct chk_region *r = chk_region_of(slot);
+    struct chk_list *l = &t->free[r->cls];
+    chk_set_link(slot, l->head);
+    l->head = slot;
+    if (++l->n >= 2 && (size_t)l->n * r->size > CHK_T_LIST) chk_give_list(t, r->cls, fn);
 }
 
 static uintptr_t chk_t_pop(struct chk_thread *t) {
@@ -436,7 +436,7 @@ static uintptr_t chk_t_pop(struct chk_thread *t) {
     return x;
 }
 
-static void chk_quarantine(struct chk_thread *t, uintptr_t slot, size_t size) {
+static void chk_quarantine(struct chk_thread *t, uintptr_t slot, size_t size, const char *fn) {
     t->rng ^= t->rng << 13;
     t->rng ^= t->rng >> 7;
     t->rng ^= t->rng << 17;
@@ -445,11 +445,23 @@ static void chk_quarantine(struct chk_thread *t, uintptr_t slot, size_t size) {
     t->rand[i] = slot;
     t->bytes += size;
     if (x != 0) {
-        if (t->n == CHK_T_RING) chk_keep(t, chk_t_pop(t));
+        if (t->n == CHK_T_RING) chk_keep(t, chk_t_pop(t), fn);
         t->ring[(t->head + t->n++) % CHK_T_RING] = x;
     }
     while (t->bytes > CHK_T_BYTES && t->n > 0)
-        chk_keep(t, chk_t_pop(t));
+        chk_keep(t, chk_t_pop(t), fn);
+}
+
+void chk_thread_exit(void) {
+    struct chk_thread *t = chk_me;
+    if (t == NULL) return;
+    /* Its free slots go back to their classes (a program whose many threads
+     * ended would keep them otherwise); its quarantine and fresh slots stay
+     * with the cache, for the next new thread. */
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        chk_give_list(t, cls, "thread exit");
+    chk_thread_give(t);
+    chk_me = NULL;
 }
 
 /* Verify the wipe of everything in t's quarantine (exit). */
@@ -797,6 +809,11 @@ static enum chk_verdict chk_find(uintptr_t a, uint32_t e, struct chk_block *b) {
         if (b->slot + b->s.uoff != a) return CHK_NOT_A_BLOCK;
         return b->s.state == CHK_LIVE ? CHK_IS_LIVE : CHK_IS_FREED;
     }
+    /* A slot cut for a thread and not handed out yet: zero throughout (one
+     * ever handed out ends in canary or wipe bytes, high bits set). */
+    if (atomic_load_explicit(chk_word0(b->slot), memory_order_relaxed) == 0 &&
+        *(const uint8_t *)(b->slot + b->size - 1) == 0)
+        return CHK_NOT_A_BLOCK;
     /* An underflow reaching at least word0, below the canary. */
     return a == b->slot + CHK_HDR ? CHK_IS_OVERWRITTEN : CHK_NOT_A_BLOCK;
 }
@@ -852,7 +869,7 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
         hak_unlock(&c->lock);
         return;
     }
-    chk_quarantine(t, b->slot, b->size);
+    chk_quarantine(t, b->slot, b->size, fn);
     if (lent) chk_thread_give(t);
 }
 

@@ -170,6 +170,23 @@ static void test_invalid_pointers(void **state) {
     }
 }
 
+/* A pointer to where the next block of a size will be: its slot is cut for
+ * this thread (a batch at a time) and not handed out yet. Found by review:
+ * reported as a heap underflow (its header reads as overwritten). */
+static void test_pointer_to_slot_not_handed_out(void **state) {
+    (void)state;
+    char *p = malloc(333), *q = malloc(333);
+    assert_non_null(p);
+    assert_non_null(q);
+    char *next = q + (q - p);
+    expect_free_abort(do_free, next, "invalid pointer");
+    char *r = malloc(333);
+    assert_ptr_equal(r, next); /* it was the next one */
+    free(r);
+    free(q);
+    free(p);
+}
+
 /* Freed blocks are wiped; writes into them are found when the slot is
  * handed out again, or at exit if it never was. */
 struct uaf {
@@ -659,6 +676,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_header_overwrite_is_underflow),
         cmocka_unit_test(test_double_free_every_size),
         cmocka_unit_test(test_invalid_pointers),
+        cmocka_unit_test(test_pointer_to_slot_not_handed_out),
         cmocka_unit_test(test_write_after_free_found_at_exit),
         cmocka_unit_test(test_write_after_free_in_ended_thread_found_at_exit),
         cmocka_unit_test(test_ended_threads_caches_reused),
