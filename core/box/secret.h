@@ -6,19 +6,24 @@
 
 #include "sizes.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/auxv.h>
 
 static inline uint64_t hak_secret(void) {
-    static uint64_t secret; /* (racy but idempotent: every thread computes the same) */
-    if (hak_unlikely(secret == 0)) {
-        uint64_t s = 0x9e3779b97f4a7c15ull;
+    /* Threads may race to set it: all compute the same value. (Relaxed
+     * atomics: plain moves on x86-64, and no data race for TSan.) */
+    static _Atomic uint64_t secret;
+    uint64_t s = atomic_load_explicit(&secret, memory_order_relaxed);
+    if (hak_unlikely(s == 0)) {
+        s = 0x9e3779b97f4a7c15ull;
         const void *r = (const void *)getauxval(AT_RANDOM);
         if (r != NULL) memcpy(&s, r, sizeof s);
-        secret = s | 1;
+        s |= 1;
+        atomic_store_explicit(&secret, s, memory_order_relaxed);
     }
-    return secret;
+    return s;
 }
 
 #endif
