@@ -175,10 +175,7 @@ static inline _Atomic uint64_t *chk_word0(uintptr_t slot) {
  * block was ever there). */
 static bool chk_read(uintptr_t slot, size_t size, struct chk_slot *s) {
     uint64_t key = chk_key(slot);
-    uint64_t w = atomic_load_explicit(chk_word0(slot), memory_order_acquire);
-    uint64_t i = w ^ key;
-    *s = (struct chk_slot){0};
-    if (w == 0) return false; /* fresh memory: a slot cut, never handed out */
+    uint64_t i = atomic_load_explicit(chk_word0(slot), memory_order_acquire) ^ key;
     uint64_t low = i & ((1ull << CHK_INFO_BITS) - 1);
     s->n = low & ((1u << 20) - 1);
     s->fam = low >> 20 & 3;
@@ -402,6 +399,15 @@ static uintptr_t chk_take(struct chk_thread *t, uint32_t cls, bool *wiped) {
     return slot;
 }
 
+/* Slots head .. last, linked, onto class cls's free list. */
+static void chk_class_push(uint32_t cls, uintptr_t head, uintptr_t last) {
+    struct chk_class *c = &chk_classes[cls];
+    hak_lock(&c->lock);
+    chk_set_link(last, c->free);
+    c->free = head;
+    hak_unlock(&c->lock);
+}
+
 /* t's free list of class cls back to the class (fn: the call, for a
  * report). */
 static void chk_give_list(struct chk_thread *t, uint32_t cls, const char *fn) {
@@ -410,11 +416,7 @@ static void chk_give_list(struct chk_thread *t, uint32_t cls, const char *fn) {
     uintptr_t last = l->head;
     for (uint32_t i = 1; i < l->n; i++)
         last = chk_next(last, cls, NULL, fn);
-    struct chk_class *c = &chk_classes[cls];
-    hak_lock(&c->lock);
-    chk_set_link(last, c->free);
-    c->free = l->head;
-    hak_unlock(&c->lock);
+    chk_class_push(cls, l->head, last);
     *l = (struct chk_list){0, 0};
 }
 
@@ -666,11 +668,12 @@ static void chk_zero_free(uintptr_t a, const char *fn) {
 
 /* Freed big blocks wait in a FIFO, inaccessible: a pointer to one faults
  * for as long. Up to CHK_Q_BIG_KEEP bytes of them keep their pages
- * (mprotect), and a mapping of the same size that leaves the FIFO, CHK_Q_BIG_WAIT
- * or more blocks after it, is used again, for two mprotect calls where a
- * fresh one costs a page fault per page (bench_scenarios mir: 256 KiB
- * buffers, 250 times faster). The others' pages are given back
- * (os_uncommit), and their mappings unmapped as they leave. */
+ * (mprotect); a new block of the same mapping size takes the oldest of
+ * those with CHK_Q_BIG_WAIT or more freed after it (chk_big_reuse), for two
+ * mprotect calls where a fresh mapping costs a page fault per page
+ * (bench_scenarios mir, 256 KiB buffers: 7.5 times faster). The others'
+ * pages are given back (os_uncommit); mappings are unmapped as they leave
+ * the FIFO. */
 #define CHK_Q_BIG      64
 #define CHK_Q_BIG_WAIT 16
 #define CHK_Q_BIG_SPAN ((size_t)1 << 30)  /* their address space, at most */
@@ -862,11 +865,7 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
     bool lent;
     struct chk_thread *t = chk_thread_get(&lent);
     if (hak_unlikely(t == NULL)) { /* no memory for a cache: straight back to its class */
-        struct chk_class *c = &chk_classes[chk_region_of(b->slot)->cls];
-        hak_lock(&c->lock);
-        chk_set_link(b->slot, c->free);
-        c->free = b->slot;
-        hak_unlock(&c->lock);
+        chk_class_push(chk_region_of(b->slot)->cls, b->slot, b->slot);
         return;
     }
     chk_quarantine(t, b->slot, b->size, fn);

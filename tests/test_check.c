@@ -545,7 +545,6 @@ static void test_big_underflow_beyond_eight_bytes(void **state) {
 
 /* Found by review: calloc wrote over a big block's fresh pages, making all
  * of them resident. */
-
 static void test_calloc_big_touches_nothing(void **state) {
     (void)state;
     long before = resident_kib();
