@@ -45,6 +45,7 @@ static const char *const chk_family_names[] = {"malloc", "operator new", "operat
 
 /* ---- values from the secret ---------------------------------------------- */
 
+/* A full mix, for deriving the salts below once. */
 static inline uint64_t chk_mix(uint64_t x) {
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
@@ -52,52 +53,98 @@ static inline uint64_t chk_mix(uint64_t x) {
     x *= 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
+/* From the secret at chk_start: one per use, so that no value serves as
+ * another (a canary is no key); chk_hmul is odd. */
+static uint64_t chk_skey, chk_scanary, chk_slink, chk_hmul;
+
+/* The per-address values below: one multiply each, on the hot path, where a
+ * full mix was 17 of every pair's ~1000 instructions. Against a program's
+ * bugs (not an attacker who reads memory) that is enough: a value depends
+ * on every bit of the address and of the secret. */
+static inline uint64_t chk_salted(uintptr_t a, uint64_t salt) {
+    uint64_t x = (a ^ salt) * 0x9e3779b97f4a7c15ull;
+    return x ^ x >> 32;
+}
 /* word0 is a slot's header xor this: a pointer whose "header" decodes to
  * nothing valid is no block. */
 static inline uint64_t chk_key(uintptr_t slot) {
-    return chk_mix(slot ^ hak_secret());
+    return chk_salted(slot, chk_skey);
 }
 /* Canary bytes of a slot (or big mapping): the byte at address x is byte
  * x % 8 of this word. The high bits set: text and string terminators, the
  * commonest overflows, never match. */
 static inline uint64_t chk_canary(uintptr_t slot) {
-    return chk_mix(slot + hak_secret()) | 0x8080808080808080ull;
+    return chk_salted(slot, chk_scanary) | 0x8080808080808080ull;
 }
 /* A free slot's link to the next (word1) is xored with this. */
 static inline uint64_t chk_link_key(uintptr_t slot) {
-    return chk_mix(slot - hak_secret());
+    return chk_salted(slot, chk_slink);
 }
 static uint8_t chk_wipe_byte; /* what freed slots are filled with */
 
-/* Fill [a, end) with the pattern w (byte x % 8 of w at address x). (The
- * library is built -fno-builtin: __builtin_memcpy keeps word moves inline.) */
-static void chk_paint(uintptr_t a, uintptr_t end, uint64_t w) {
-    for (; a < end && (a & 7); a++)
-        *(uint8_t *)a = (uint8_t)(w >> (a & 7) * 8);
-    for (; a + 8 <= end; a += 8)
-        __builtin_memcpy((void *)a, &w, 8);
-    for (; a < end; a++)
-        *(uint8_t *)a = (uint8_t)(w >> (a & 7) * 8);
+/* The 8 bytes at address a of the pattern w (byte x % 8 of w at address
+ * x), as a little-endian word. */
+static inline uint64_t chk_pattern_at(uint64_t w, uintptr_t a) {
+    unsigned r = (unsigned)(a & 7) * 8;
+    return w >> r | w << ((64 - r) & 63);
+}
+static inline uint64_t chk_load(uintptr_t a) {
+    uint64_t v;
+    __builtin_memcpy(&v, (const void *)a, 8); /* -fno-builtin: keeps it a move */
+    return v;
+}
+static inline void chk_store(uintptr_t a, uint64_t v) {
+    __builtin_memcpy((void *)a, &v, 8);
 }
 
-/* The first byte of [a, end) that is not the pattern w; end when none. */
-static uintptr_t chk_unpainted(uintptr_t a, uintptr_t end, uint64_t w) {
-    for (; a < end && (a & 7); a++)
-        if (*(const uint8_t *)a != (uint8_t)(w >> (a & 7) * 8)) return a;
+/* Fill [a, end) with the pattern w: unaligned words at both ends, aligned
+ * ones between (canaries start and end anywhere). */
+static inline void chk_paint(uintptr_t a, uintptr_t end, uint64_t w) {
+    if (hak_unlikely(end - a < 8)) {
+        for (; a < end; a++)
+            *(uint8_t *)a = (uint8_t)(w >> (a & 7) * 8);
+        return;
+    }
+    chk_store(a, chk_pattern_at(w, a));
+    for (uintptr_t x = (a + 8) & ~(uintptr_t)7; x + 8 <= end; x += 8)
+        chk_store(x, w);
+    chk_store(end - 8, chk_pattern_at(w, end - 8));
+}
+
+/* The first byte at x of the word read v (pattern word p) that differs. */
+static inline uintptr_t chk_first_diff(uintptr_t x, uint64_t v, uint64_t p) {
+    return x + (uintptr_t)__builtin_ctzll(v ^ p) / 8;
+}
+
+/* The first byte of [a, end) that is not the pattern w; end when none. The
+ * words are checked in address order, so the first difference found is the
+ * first there is. */
+static uintptr_t chk_unpainted_long(uintptr_t a, uintptr_t end, uint64_t w) {
+    if (end - a < 8) {
+        for (; a < end; a++)
+            if (*(const uint8_t *)a != (uint8_t)(w >> (a & 7) * 8)) return a;
+        return end;
+    }
+    uint64_t v = chk_load(a), p = chk_pattern_at(w, a);
+    if (v != p) return chk_first_diff(a, v, p);
+    uintptr_t x = (a + 8) & ~(uintptr_t)7;
     /* 32 bytes a step, with no branch inside: the compiler vectorises it. */
-    for (; a + 32 <= end; a += 32) {
-        uint64_t v[4];
-        __builtin_memcpy(v, (const void *)a, 32);
-        if (((v[0] ^ w) | (v[1] ^ w) | (v[2] ^ w) | (v[3] ^ w)) != 0) break;
-    }
-    for (; a + 8 <= end; a += 8) {
-        uint64_t v;
-        __builtin_memcpy(&v, (const void *)a, 8);
-        if (v != w) return a + (uintptr_t)__builtin_ctzll(v ^ w) / 8;
-    }
-    for (; a < end; a++)
-        if (*(const uint8_t *)a != (uint8_t)(w >> (a & 7) * 8)) return a;
+    for (; x + 32 <= end; x += 32)
+        if (((chk_load(x) ^ w) | (chk_load(x + 8) ^ w) | (chk_load(x + 16) ^ w) |
+             (chk_load(x + 24) ^ w)) != 0)
+            break;
+    for (; x + 8 <= end; x += 8)
+        if ((v = chk_load(x)) != w) return chk_first_diff(x, v, w);
+    if (x < end && (v = chk_load(end - 8)) != (p = chk_pattern_at(w, end - 8)))
+        return chk_first_diff(end - 8, v, p);
     return end;
+}
+static inline uintptr_t chk_unpainted(uintptr_t a, uintptr_t end, uint64_t w) {
+    /* Most canaries: 8 to 16 bytes, two words that overlap, all there. */
+    if (end - a >= 8 && end - a <= 16 && chk_load(a) == chk_pattern_at(w, a) &&
+        chk_load(end - 8) == chk_pattern_at(w, end - 8))
+        return end;
+    return chk_unpainted_long(a, end, w);
 }
 
 static inline uint64_t chk_wipe_word(void) {
@@ -156,34 +203,42 @@ struct chk_slot {
     size_t uoff; /* the block's offset in the slot */
 };
 
-/* word0, before the xor with the key: the fields in the low CHK_INFO_BITS
- * bits (size 20, family 2, state 2, offset/16 13), and above them a
- * keyed hash of those, so that any change to the header shows. */
+/* word0, before the xor with the slot's key: the fields in the low
+ * CHK_INFO_BITS bits (size 20, family 2, state 2, offset/16 13), and above
+ * them a keyed hash of those (a product's top bits, which depend on all of
+ * its factors' bits), so that any change to the header shows. */
 #define CHK_INFO_BITS 37
-static inline uint64_t chk_info(uintptr_t slot, size_t n, unsigned fam, unsigned state,
-                                size_t uoff) {
+static inline uint64_t chk_info_hash(uint64_t low, uint64_t key) {
+    return ((low ^ key) * chk_hmul) >> CHK_INFO_BITS << CHK_INFO_BITS;
+}
+/* The word0 of a block of slot (key: chk_key(slot)). */
+static inline uint64_t chk_header(uint64_t key, size_t n, unsigned fam, unsigned state,
+                                  size_t uoff) {
     uint64_t low =
         (uint64_t)n | (uint64_t)fam << 20 | (uint64_t)state << 22 | (uint64_t)(uoff / 16) << 24;
-    return low | chk_mix(low ^ chk_key(slot)) >> CHK_INFO_BITS << CHK_INFO_BITS;
+    return (low | chk_info_hash(low, key)) ^ key;
 }
 
 static inline _Atomic uint64_t *chk_word0(uintptr_t slot) {
     return (_Atomic uint64_t *)slot;
 }
 
-/* Decode slot's word0; false when it is no header (overwritten, or no
- * block was ever there). */
-static bool chk_read(uintptr_t slot, size_t size, struct chk_slot *s) {
-    uint64_t key = chk_key(slot);
-    uint64_t i = atomic_load_explicit(chk_word0(slot), memory_order_acquire) ^ key;
+/* Decode w, the word0 of a slot of `size` bytes whose key is `key`; false
+ * when it is no header (overwritten, or no block was ever there). */
+static inline bool chk_decode(uint64_t w, uint64_t key, size_t size, struct chk_slot *s) {
+    uint64_t i = w ^ key;
     uint64_t low = i & ((1ull << CHK_INFO_BITS) - 1);
     s->n = low & ((1u << 20) - 1);
     s->fam = low >> 20 & 3;
     s->state = low >> 22 & 3;
     s->uoff = (low >> 24) * 16;
-    return i >> CHK_INFO_BITS == chk_mix(low ^ key) >> CHK_INFO_BITS &&
+    return (i ^ chk_info_hash(low, key)) >> CHK_INFO_BITS == 0 &&
            (s->state == CHK_LIVE || s->state == CHK_FREED) && s->fam <= CHK_NEW_ARRAY &&
            s->uoff >= CHK_HDR && s->uoff + s->n < size;
+}
+static bool chk_read(uintptr_t slot, size_t size, struct chk_slot *s) {
+    return chk_decode(atomic_load_explicit(chk_word0(slot), memory_order_acquire), chk_key(slot),
+                      size, s);
 }
 
 static inline struct chk_region *chk_region_of(uintptr_t a) {
@@ -194,7 +249,7 @@ static inline struct chk_region *chk_region_of(uintptr_t a) {
 static uintptr_t chk_slot_of(uintptr_t a, const struct chk_region *r) {
     uintptr_t first = (uintptr_t)r + CHK_FIRST;
     if ((a & 15) || a < first + CHK_HDR) return 0;
-    size_t i = (a - first - CHK_HDR) / r->size;
+    size_t i = small_class_div(r->cls, a - first - CHK_HDR);
     if (i >= atomic_load_explicit(&r->carved, memory_order_acquire)) return 0;
     return first + i * r->size;
 }
@@ -492,8 +547,7 @@ static void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
     uint64_t w = chk_canary(slot);
     chk_paint(slot + 8, u, w);        /* word1 and the gap below an aligned block */
     chk_paint(u + n, slot + size, w); /* the tail */
-    atomic_store_explicit(chk_word0(slot),
-                          chk_info(slot, n, fam, CHK_LIVE, u - slot) ^ chk_key(slot),
+    atomic_store_explicit(chk_word0(slot), chk_header(chk_key(slot), n, fam, CHK_LIVE, u - slot),
                           memory_order_release);
     return (void *)u;
 }
@@ -775,6 +829,8 @@ struct chk_block {
     uint32_t sub;   /* CHK_SLAB, CHK_BIG, CHK_ZERO */
     uintptr_t slot; /* a slab block's slot; a big block's mapping */
     size_t size;    /* a slab block's slot size */
+    uint64_t key;   /* a slab block's: chk_key(slot), and its word0 as read */
+    uint64_t word;
     struct chk_slot s;
 };
 
@@ -808,15 +864,15 @@ static enum chk_verdict chk_find(uintptr_t a, uint32_t e, struct chk_block *b) {
     b->slot = chk_slot_of(a, r);
     b->size = r->size;
     if (b->slot == 0) return CHK_NOT_A_BLOCK;
-    if (chk_read(b->slot, b->size, &b->s)) {
+    b->key = chk_key(b->slot);
+    b->word = atomic_load_explicit(chk_word0(b->slot), memory_order_acquire);
+    if (chk_decode(b->word, b->key, b->size, &b->s)) {
         if (b->slot + b->s.uoff != a) return CHK_NOT_A_BLOCK;
         return b->s.state == CHK_LIVE ? CHK_IS_LIVE : CHK_IS_FREED;
     }
     /* A slot cut for a thread and not handed out yet: zero throughout (one
      * ever handed out ends in canary or wipe bytes, high bits set). */
-    if (atomic_load_explicit(chk_word0(b->slot), memory_order_relaxed) == 0 &&
-        *(const uint8_t *)(b->slot + b->size - 1) == 0)
-        return CHK_NOT_A_BLOCK;
+    if (b->word == 0 && *(const uint8_t *)(b->slot + b->size - 1) == 0) return CHK_NOT_A_BLOCK;
     /* An underflow reaching at least word0, below the canary. */
     return a == b->slot + CHK_HDR ? CHK_IS_OVERWRITTEN : CHK_NOT_A_BLOCK;
 }
@@ -856,9 +912,10 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
         chk_quarantine_big(g);
         return;
     }
-    uint64_t key = chk_key(b->slot);
-    uint64_t live = chk_info(b->slot, b->s.n, b->s.fam, CHK_LIVE, b->s.uoff) ^ key;
-    uint64_t freed = chk_info(b->slot, b->s.n, b->s.fam, CHK_FREED, b->s.uoff) ^ key;
+    /* (From the header chk_find read: another thread's free of it between
+     * then and now makes the exchange fail.) */
+    uint64_t live = b->word;
+    uint64_t freed = chk_header(b->key, b->s.n, b->s.fam, CHK_FREED, b->s.uoff);
     if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, freed))
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
     memset((void *)(b->slot + CHK_HDR), chk_wipe_byte, b->size - CHK_HDR);
@@ -914,8 +971,7 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
         /* In place: the tail canary moves to the new end (growing, what
          * lies past it is canary already). */
         if (n < b.s.n) chk_paint(a + n, a + b.s.n, chk_canary(b.slot));
-        atomic_store_explicit(chk_word0(b.slot),
-                              chk_info(b.slot, n, b.s.fam, CHK_LIVE, b.s.uoff) ^ chk_key(b.slot),
+        atomic_store_explicit(chk_word0(b.slot), chk_header(b.key, n, b.s.fam, CHK_LIVE, b.s.uoff),
                               memory_order_release);
         return p;
     }
@@ -928,13 +984,22 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
             return p;
         }
     }
-    /* Moved. A big block that grows gets a quarter more room, so growing
-     * step by step copies a geometric series, not a square. */
-    void *q;
-    if (n + CHK_HDR + 1 <= CHK_SLOT_MAX)
+    /* Moved. A big block that grows gets as much room again (address space:
+     * the pages past its tail canary are not touched), so growing step by
+     * step copies at most every other step, by 1.5 or by 2 (was a quarter
+     * more: every step copied, bench_realloc_growth 16 B - 1 MiB). */
+    void *q = NULL;
+    if (n + CHK_HDR + 1 <= CHK_SLOT_MAX) {
         q = chk_alloc(n, 0, CHK_MALLOC);
-    else
-        q = chk_big_alloc(n, HAK_MIN_ALIGN, CHK_MALLOC, n > b.s.n ? n + n / 4 : n, false);
+    } else {
+        int e = errno;
+        if (n > b.s.n && n <= HAK_MAX_REQUEST / 2)
+            q = chk_big_alloc(n, HAK_MIN_ALIGN, CHK_MALLOC, 2 * n, false);
+        if (q == NULL) { /* shrinking, or no address space for the room */
+            errno = e;
+            q = chk_big_alloc(n, HAK_MIN_ALIGN, CHK_MALLOC, n, false);
+        }
+    }
     if (q == NULL) return NULL;
     memcpy(q, p, b.s.n < n ? b.s.n : n);
     chk_release_block(a, &b, "realloc");
@@ -964,6 +1029,10 @@ bool chk_is_live(const void *p, uint32_t e, size_t *size) {
 
 void chk_start(void) {
     uint64_t s = hak_secret();
+    chk_skey = chk_mix(s + 1);
+    chk_scanary = chk_mix(s + 2);
+    chk_slink = chk_mix(s + 3);
+    chk_hmul = chk_mix(s + 4) | 1;
     chk_wipe_byte = (uint8_t)(0x80 | (s >> 40 & 0x7f));
     chk_zero_start();
     chk_on = true;

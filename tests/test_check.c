@@ -477,6 +477,43 @@ static void test_realloc_keeps_contents(void **state) {
     free(p);
 }
 
+/* A big block that moves as it grows gets as much room again: grown by half
+ * or doubled, as vectors and string builders grow, it moves at most every
+ * other step (with a quarter more room, every step copied it). The room
+ * past the grown end is still checked: an overflow there is reported. */
+static void test_big_growth_moves_every_other_step(void **state) {
+    (void)state;
+    for (int doubling = 0; doubling < 2; doubling++) {
+        size_t n = 200 * KiB, steps = 0, moves = 0;
+        char *p = fresh(n);
+        while (n < 32 * MiB) {
+            size_t m = doubling ? 2 * n : n + n / 2;
+            char *q = realloc(p, m);
+            assert_non_null(q);
+            if (q[n - 1] != (n == 200 * KiB ? 'a' : 'b')) fail_msg("byte %zu lost", n - 1);
+            memset(q + n, 'b', m - n);
+            q[n - 1] = 'b';
+            moves += q != p;
+            steps++;
+            p = q;
+            n = m;
+        }
+        if (moves > (steps + 1) / 2) fail_msg("%zu moves in %zu steps", moves, steps);
+        free(p);
+    }
+    char *p = realloc(fresh(200 * KiB), 300 * KiB); /* moved: room for 600 KiB */
+    char *q = realloc(p, 450 * KiB);
+    assert_ptr_equal(q, p);
+    struct bug b = {450 * KiB, 450 * KiB, q};
+    char line[200];
+    snprintf(
+        line, sizeof line,
+        "hakmem: free(): heap overflow %p (byte %zu written, block of %zu bytes, checked tier)",
+        (void *)q, b.n, b.n);
+    expect_death(write_then_free, &b, line);
+    free(q);
+}
+
 static void test_calloc_zeroes_reused_slots(void **state) {
     (void)state;
     for (int round = 0; round < 3; round++)
@@ -687,6 +724,7 @@ int main(int argc, char **argv) {
 #endif
         cmocka_unit_test(test_free_sized_exact),
         cmocka_unit_test(test_realloc_keeps_contents),
+        cmocka_unit_test(test_big_growth_moves_every_other_step),
         cmocka_unit_test(test_calloc_zeroes_reused_slots),
         cmocka_unit_test(test_realloc_impossible_size_fails),
 #ifndef HAK_TEST_TSAN
