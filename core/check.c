@@ -992,11 +992,11 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
     if (n + CHK_HDR + 1 <= CHK_SLOT_MAX) {
         q = chk_alloc(n, 0, CHK_MALLOC);
     } else {
-        int e = errno;
+        int saved = errno;
         if (n > b.s.n && n <= HAK_MAX_REQUEST / 2)
             q = chk_big_alloc(n, HAK_MIN_ALIGN, CHK_MALLOC, 2 * n, false);
         if (q == NULL) { /* shrinking, or no address space for the room */
-            errno = e;
+            errno = saved;
             q = chk_big_alloc(n, HAK_MIN_ALIGN, CHK_MALLOC, n, false);
         }
     }
