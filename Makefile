@@ -192,7 +192,7 @@ bench-real:
 # ---- install -----------------------------------------------------------------
 install: release
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
-		$(DESTDIR)$(PREFIX)/lib/pkgconfig
+		$(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/cmake/hakmem
 	install -m 755 out/release/libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libhakmem.so.$(SOMAJOR)
 	ln -sf libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libhakmem.so
@@ -200,6 +200,10 @@ install: release
 	install -m 644 include/hakmem.h $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' hakmem.pc.in \
 		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/hakmem.pc
+	for f in hakmem-config hakmem-config-version; do \
+		sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@SOMAJOR@|$(SOMAJOR)|g' cmake/$$f.cmake.in \
+			> $(DESTDIR)$(PREFIX)/lib/cmake/hakmem/$$f.cmake || exit 1; \
+	done
 
 format:
 	clang-format -i $(SRCS) $(HDRS) $(TEST_SRCS) $(BENCH_SRCS) tests/test_cxx.cc tests/real/*.cpp

@@ -6,7 +6,7 @@ set -euo pipefail
 # clang and its runtimes: the sanitizer builds and libFuzzer (make checked);
 # llvm: llvm-symbolizer for their reports; cppcheck (and gcc -fanalyzer):
 # tests/check_analyzer.sh.
-pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk pkg-config
+pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk pkg-config cmake
     clang libclang-rt-14-dev llvm cppcheck)
 
 missing=()
