@@ -38,6 +38,9 @@ static inline uint32_t chk_payload(uint32_t arg, uint32_t sub) {
 /* Canary bytes after a big block checked at free. Past them the block's
  * slack (room realloc left to grow in place) and then the guard page. */
 #define CHK_BIG_TAIL ((size_t)64)
+/* Below a big block, a gap up to this is all canary; a longer one (a big
+ * alignment) gets a page of it, and inaccessible pages under that. */
+#define CHK_BIG_GAP ((size_t)64 << 10)
 
 enum { CHK_LIVE = 1, CHK_FREED = 2 };
 
@@ -574,6 +577,7 @@ struct chk_big {
     size_t n;   /* bytes asked */
     size_t map; /* the mapping's size */
     uintptr_t data, end;
+    uintptr_t lo; /* the canary below the block: [lo, u) */
     _Atomic uint32_t state;
     uint32_t fam;
     bool kept; /* freed, its pages kept (inaccessible) for reuse */
@@ -625,7 +629,15 @@ static void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap, boo
     b->check = chk_key((uintptr_t)base) ^ b->u;
     /* (A reused mapping holds its last block's bytes.) */
     if (zero && !fresh) memset((void *)b->u, 0, n);
-    chk_paint(b->data, b->u, chk_canary((uintptr_t)base)); /* down to the guard page */
+    /* Canary down to the guard page; but below a big alignment's gap (up to
+     * the alignment: gigabytes for posix_memalign(2^33)) a page of it, and
+     * the rest inaccessible: painting it all made every page resident. */
+    b->lo = b->data;
+    if (b->u - b->data > CHK_BIG_GAP) {
+        b->lo = (b->u - HAK_PAGE_SIZE) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+        (void)os_guard((void *)b->data, b->lo - b->data); /* (refused: merely not guarded) */
+    }
+    chk_paint(b->lo, b->u, chk_canary((uintptr_t)base));
     chk_big_tail(b);
     atomic_store_explicit(&b->state, CHK_LIVE, memory_order_release);
     return (void *)b->u;
@@ -633,7 +645,7 @@ static void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap, boo
 
 static void chk_big_canaries(const struct chk_big *b, const char *fn) {
     uint64_t w = chk_canary((uintptr_t)b);
-    uintptr_t bad = chk_unpainted(b->data, b->u, w);
+    uintptr_t bad = chk_unpainted(b->lo, b->u, w);
     if (bad != b->u) chk_report(fn, DIAG_HEAP_UNDERFLOW, b->u, b->n, -(ptrdiff_t)(b->u - bad));
     uintptr_t t = b->u + b->n, end = b->end - t > CHK_BIG_TAIL ? t + CHK_BIG_TAIL : b->end;
     bad = chk_unpainted(t, end, w);
@@ -899,7 +911,7 @@ static void chk_inspect(uintptr_t a, const struct chk_block *b, const char *fn) 
     if (b->sub != CHK_ZERO) chk_check_family(fn, a, b->s.n, b->s.fam);
 }
 
-static void chk_release_block(uintptr_t a, const struct chk_block *b, const char *fn) {
+static void chk_release_block_as(uintptr_t a, const struct chk_block *b, const char *fn) {
     if (b->sub == CHK_ZERO) {
         chk_zero_free(a, fn);
         return;
@@ -927,6 +939,14 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
     }
     chk_quarantine(t, b->slot, b->size, fn);
     if (lent) chk_thread_give(t);
+}
+
+/* free() must not change errno: the OS calls a release makes (mprotect,
+ * madvise, a thread's cache mapped) set it when refused. */
+static void chk_release_block(uintptr_t a, const struct chk_block *b, const char *fn) {
+    int saved = errno;
+    chk_release_block_as(a, b, fn);
+    errno = saved;
 }
 
 /* ---- the tier's interface -------------------------------------------------------- */

@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "box/os.h"
 #include "death.h"
 
 #define KiB ((size_t)1024)
@@ -514,6 +515,55 @@ static void test_big_growth_moves_every_other_step(void **state) {
     free(q);
 }
 
+/* Found by the checked-mode fuzzer: free() of a big block set errno to
+ * ENOMEM when the OS refused to protect or give back its pages. free must
+ * not change errno, whatever the OS says. */
+static void test_free_keeps_errno_when_the_os_refuses(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++)
+        for (uint64_t skip = 0; skip < 4; skip++) {
+            char *p = fresh(sizes[i]);
+            os_fault_arm(skip, 64);
+            errno = 4242;
+            free(p);
+            int e = errno;
+            os_fault_disarm();
+            if (e != 4242)
+                fail_msg("free of %zu bytes (skip %d) set errno %d", sizes[i], (int)skip, e);
+        }
+    /* And the tier still works. */
+    for (size_t i = 0; i < NSIZES; i++)
+        free(fresh(sizes[i]));
+}
+
+/* Found by the checked-mode fuzzer: the gap below a block of a huge
+ * alignment was all painted with canary, so posix_memalign(2^33, 100) made
+ * up to 8 GiB resident. Now a page of canary, inaccessible pages below. An
+ * underflow is still reported (near) or faults (far). */
+static void write_far_below(void *p) {
+    ((volatile char *)p)[-3 * 4096] = 'x';
+}
+
+static void test_huge_alignment_touches_little(void **state) {
+    (void)state;
+    long before = resident_kib();
+    void *p = NULL;
+    assert_int_equal(posix_memalign(&p, (size_t)1 << 33, 100), 0);
+    assert_int_equal((uintptr_t)p % ((size_t)1 << 33), 0);
+    long grew = resident_kib() - before;
+    if (grew > 8 * 1024) fail_msg("posix_memalign(2^33, 100): %ld KiB more resident", grew);
+    struct bug b = {100, -1, p};
+    char line[200];
+    snprintf(
+        line, sizeof line,
+        "hakmem: free(): heap underflow %p (byte -1 written, block of 100 bytes, checked tier)", p);
+    expect_death(write_then_free, &b, line);
+    struct death d;
+    run_child(write_far_below, p, &d);
+    assert_true(WIFSIGNALED(d.status) && WTERMSIG(d.status) == SIGSEGV);
+    free(p);
+}
+
 static void test_calloc_zeroes_reused_slots(void **state) {
     (void)state;
     for (int round = 0; round < 3; round++)
@@ -725,6 +775,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_free_sized_exact),
         cmocka_unit_test(test_realloc_keeps_contents),
         cmocka_unit_test(test_big_growth_moves_every_other_step),
+        cmocka_unit_test(test_free_keeps_errno_when_the_os_refuses),
+        cmocka_unit_test(test_huge_alignment_touches_little),
         cmocka_unit_test(test_calloc_zeroes_reused_slots),
         cmocka_unit_test(test_realloc_impossible_size_fails),
 #ifndef HAK_TEST_TSAN
