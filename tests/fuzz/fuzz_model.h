@@ -1227,6 +1227,41 @@ static void fz_finish(struct fz *m) {
     if (m->live_bytes != 0) fz_fail(m, "harness: live bytes %zu after freeing all", m->live_bytes);
 }
 
+/* The bound on a program's live bytes, for fz_init. Checked mode never gives
+ * its slab regions back (each size class keeps its peak), so under it the
+ * sum of the classes' peaks over many inputs would pass libFuzzer's RSS
+ * limit: its targets bound programs lower. */
+#ifdef FUZZ_CHECKED
+#define FZ_BUDGET(bytes) ((bytes) / 8)
+#else
+#define FZ_BUDGET(bytes) (bytes)
+#endif
+
+/* A target built with -DFUZZ_CHECKED (out/fuzz/<target>_check) runs its programs in
+ * checked mode. HAKMEM_CHECK is read once, by the library's constructor,
+ * before LLVMFuzzerInitialize: set it and start the process again (libFuzzer's
+ * own arguments unchanged; its worker processes inherit the setting). */
+static FZ_UNUSED void fz_checked_mode(char **argv) {
+#ifdef FUZZ_CHECKED
+    const char *e = getenv("HAKMEM_CHECK");
+    if (e == NULL || strcmp(e, "1") != 0) {
+        setenv("HAKMEM_CHECK", "1", 1);
+        execv("/proc/self/exe", argv);
+        perror("fuzz harness: execv /proc/self/exe");
+        _exit(2);
+    }
+    /* Only the checked tier gives the size asked as the usable size. */
+    void *p = hak_malloc(100);
+    if (p == NULL || hak_malloc_usable_size(p) != 100) {
+        fprintf(stderr, "fuzz harness: HAKMEM_CHECK=1 is set but checked mode is off\n");
+        abort();
+    }
+    hak_free(p);
+#else
+    (void)argv;
+#endif
+}
+
 /* One block from every tier and back, so the process starts from the state a
  * program has after its first allocations (the arena reserved, heaps made). */
 static FZ_UNUSED void fz_warm_up(void) {

@@ -15,7 +15,8 @@
 # Environment: FUZZ_SECONDS (per target), FUZZ_SEGMENT (longest run of one
 # libFuzzer process, default 300 s; longer runs are several in a row on the
 # same corpus), FUZZ_ARTIFACTS (keep libFuzzer's artifacts there instead of a
-# temporary directory), FUZZ_TARGETS (names to run, default all), FUZZ_EXTRA
+# temporary directory), FUZZ_TARGETS (names to run, default all but the
+# checked-mode <target>_check ones), FUZZ_EXTRA
 # (more libFuzzer flags).
 set -euo pipefail
 
@@ -35,14 +36,25 @@ fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/hakmem-fuzz.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 CRASHES=$ROOT/out/fuzz/crashes
-COMMON=(-rss_limit_mb=2560 -timeout=10 -print_final_stats=1)
+COMMON=(-timeout=10 -print_final_stats=1)
 # hakmem's blocks are not ASan's: leak checks would only see the harness.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
+# libFuzzer's RSS limit. Checked mode holds more: every slot's slack is
+# painted and every freed slot wiped (all its pages resident), 1 MiB of
+# quarantine per thread, up to 32 MiB of freed big blocks kept; and its slab
+# regions are never given back.
+rss_limit_of() {
+    case $1 in
+    *_check) echo 8192 ;;
+    *) echo 2560 ;;
+    esac
+}
+
 max_len_of() {
     case $1 in
-    fuzz_badptr) echo 1024 ;;
+    fuzz_badptr | fuzz_badptr_check) echo 1024 ;;
     *) echo 4096 ;;
     esac
 }
@@ -82,6 +94,8 @@ for bin in out/fuzz/fuzz_*; do
     [[ -f $bin && -x $bin ]] || continue
     name=$(basename "$bin")
     if [[ -n ${FUZZ_TARGETS:-} && " $FUZZ_TARGETS " != *" $name "* ]]; then continue; fi
+    # Checked-mode targets only when named (tests/fuzz/README.md).
+    if [[ $name == *_check && " ${FUZZ_TARGETS:-} " != *" $name "* ]]; then continue; fi
     targets+=("$name")
 done
 if [[ ${#targets[@]} -eq 0 ]]; then
@@ -95,17 +109,20 @@ for name in "${targets[@]}"; do
     mkdir -p "$art"
     log=$TMP/$name.log
     maxlen=$(max_len_of "$name")
+    common=("${COMMON[@]}" -rss_limit_mb="$(rss_limit_of "$name")")
 
     # 1. Regressions and the seed corpus, each input once (files given one by
     #    one: libFuzzer runs them and writes nothing).
+    # A checked-mode target (<target>_check) runs its base target's inputs.
+    base=${name%_check}
     inputs=()
-    for f in tests/fuzz/regress/$name/* tests/fuzz/corpus/$name/*; do
+    for f in tests/fuzz/regress/$base/* tests/fuzz/corpus/$base/*; do
         [[ -f $f && $(basename "$f") != README* ]] && inputs+=("$f")
     done
     if [[ ${#inputs[@]} -gt 0 ]]; then
         rc=0
         timeout --kill-after=30 $((60 + ${#inputs[@]} * 10)) \
-            "$bin" "${COMMON[@]}" -artifact_prefix="$art/" "${inputs[@]}" >"$log" 2>&1 || rc=$?
+            "$bin" "${common[@]}" -artifact_prefix="$art/" "${inputs[@]}" >"$log" 2>&1 || rc=$?
         if [[ $rc -ne 0 ]]; then
             bad=$(grep -o -E "Running: [^ ]+" "$log" | tail -n1 | sed 's/Running: //' || true)
             [[ $rc -eq 124 || $rc -eq 137 ]] && why="replay timed out" || why="replay failed (exit $rc)"
@@ -129,8 +146,8 @@ for name in "${targets[@]}"; do
     #    injected munmap failures do not pile up).
     corpus=$TMP/corpus-$name
     mkdir -p "$corpus"
-    if [[ -d tests/fuzz/corpus/$name ]]; then
-        cp tests/fuzz/corpus/$name/* "$corpus"/ 2>/dev/null || true
+    if [[ -d tests/fuzz/corpus/$base ]]; then
+        cp tests/fuzz/corpus/$base/* "$corpus"/ 2>/dev/null || true
     fi
     dict=()
     [[ -f tests/fuzz/dict ]] && dict=(-dict="$ROOT/tests/fuzz/dict")
@@ -143,7 +160,7 @@ for name in "${targets[@]}"; do
         rc=0
         # shellcheck disable=SC2086
         timeout --kill-after=30 $((seg + 300)) \
-            "$bin" "${COMMON[@]}" "${dict[@]}" -max_len="$maxlen" -max_total_time="$seg" \
+            "$bin" "${common[@]}" "${dict[@]}" -max_len="$maxlen" -max_total_time="$seg" \
             -artifact_prefix="$art/" $FUZZ_EXTRA "$corpus" >"$log" 2>&1 || rc=$?
         secs=$(($(date +%s) - start))
         if [[ $rc -ne 0 ]]; then
