@@ -119,13 +119,11 @@ out/tsan/tests/%: tests/%.c out/tsan/libhakmem.a $(HDRS) $(wildcard tests/*.h)
 
 # Fuzz targets (tests/fuzz/): libFuzzer, ASan and UBSan, against out/fuzz.
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
-FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=out/fuzz/%)
+# Each also as <target>_check: the same programs in checked mode (HAKMEM_CHECK=1).
+FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=out/fuzz/%) $(FUZZ_SRCS:tests/fuzz/%.c=out/fuzz/%_check)
 FUZZ_CC = $(SAN_CC) -std=c11 -D_GNU_SOURCE -O1 -g -pthread -Wall -Wextra -Werror -Iinclude -Icore \
 	-DHAK_FAULT_INJECT -fno-omit-frame-pointer -fsanitize=fuzzer $(FUZZ_FLAGS)
 
-# Each target also as <target>_check: the same programs in checked mode
-# (HAKMEM_CHECK=1). Built on demand (`make out/fuzz/fuzz_api_check`), not by
-# `make checked` nor run by `make test` yet: see tests/fuzz/README.md.
 out/fuzz/%_check: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -DFUZZ_CHECKED $< -o $@ out/fuzz/libhakmem.a -pthread

@@ -53,7 +53,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static struct fz m; /* big: keep it off the stack */
     struct fz_in in = {.d = data, .n = size, .i = 0};
-    fz_init(&m, FZ_MAX_SLOTS, FZ_BUDGET(256 * FZ_MiB), 1 << 20, api_faults);
+    fz_init(&m, FZ_MAX_SLOTS, 256 * FZ_MiB, 1 << 20, api_faults);
     fz_run(&m, &in);
     fz_finish(&m);
     api_runs++;

@@ -351,7 +351,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t hcase = fz_u8(&in), hfn = fz_u8(&in), htarget = fz_u8(&in);
     uint16_t off = fz_u16(&in);
     uint8_t flags = fz_u8(&in);
-    fz_init(&m, 16, FZ_BUDGET(64 * FZ_MiB), 48, true);
+    fz_init(&m, 16, 64 * FZ_MiB, 48, true);
     fz_run(&m, &in);
     if (m.armed) {
         os_fault_disarm();

@@ -1227,16 +1227,6 @@ static void fz_finish(struct fz *m) {
     if (m->live_bytes != 0) fz_fail(m, "harness: live bytes %zu after freeing all", m->live_bytes);
 }
 
-/* The bound on a program's live bytes, for fz_init. Checked mode never gives
- * its slab regions back (each size class keeps its peak), so under it the
- * sum of the classes' peaks over many inputs would pass libFuzzer's RSS
- * limit: its targets bound programs lower. */
-#ifdef FUZZ_CHECKED
-#define FZ_BUDGET(bytes) ((bytes) / 8)
-#else
-#define FZ_BUDGET(bytes) (bytes)
-#endif
-
 /* A target built with -DFUZZ_CHECKED (out/fuzz/<target>_check) runs its programs in
  * checked mode. HAKMEM_CHECK is read once, by the library's constructor,
  * before LLVMFuzzerInitialize: set it and start the process again (libFuzzer's

@@ -15,8 +15,7 @@
 # Environment: FUZZ_SECONDS (per target), FUZZ_SEGMENT (longest run of one
 # libFuzzer process, default 300 s; longer runs are several in a row on the
 # same corpus), FUZZ_ARTIFACTS (keep libFuzzer's artifacts there instead of a
-# temporary directory), FUZZ_TARGETS (names to run, default all but the
-# checked-mode <target>_check ones), FUZZ_EXTRA
+# temporary directory), FUZZ_TARGETS (names to run, default all), FUZZ_EXTRA
 # (more libFuzzer flags).
 set -euo pipefail
 
@@ -36,25 +35,14 @@ fi
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/hakmem-fuzz.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 CRASHES=$ROOT/out/fuzz/crashes
-COMMON=(-timeout=10 -print_final_stats=1)
+COMMON=(-rss_limit_mb=2560 -timeout=10 -print_final_stats=1)
 # hakmem's blocks are not ASan's: leak checks would only see the harness.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
-# libFuzzer's RSS limit. Checked mode holds more: every slot's slack is
-# painted and every freed slot wiped (all its pages resident), 1 MiB of
-# quarantine per thread, up to 32 MiB of freed big blocks kept; and its slab
-# regions are never given back.
-rss_limit_of() {
-    case $1 in
-    *_check) echo 8192 ;;
-    *) echo 2560 ;;
-    esac
-}
-
 max_len_of() {
     case $1 in
-    fuzz_badptr | fuzz_badptr_check) echo 1024 ;;
+    fuzz_badptr) echo 1024 ;;
     *) echo 4096 ;;
     esac
 }
@@ -94,8 +82,6 @@ for bin in out/fuzz/fuzz_*; do
     [[ -f $bin && -x $bin ]] || continue
     name=$(basename "$bin")
     if [[ -n ${FUZZ_TARGETS:-} && " $FUZZ_TARGETS " != *" $name "* ]]; then continue; fi
-    # Checked-mode targets only when named (tests/fuzz/README.md).
-    if [[ $name == *_check && " ${FUZZ_TARGETS:-} " != *" $name "* ]]; then continue; fi
     targets+=("$name")
 done
 if [[ ${#targets[@]} -eq 0 ]]; then
@@ -108,13 +94,12 @@ for name in "${targets[@]}"; do
     art=${FUZZ_ARTIFACTS:-$TMP/artifacts}/$name
     mkdir -p "$art"
     log=$TMP/$name.log
-    maxlen=$(max_len_of "$name")
-    common=("${COMMON[@]}" -rss_limit_mb="$(rss_limit_of "$name")")
+    # A checked-mode target (<target>_check) is its base target's programs.
+    base=${name%_check}
+    maxlen=$(max_len_of "$base")
 
     # 1. Regressions and the seed corpus, each input once (files given one by
     #    one: libFuzzer runs them and writes nothing).
-    # A checked-mode target (<target>_check) runs its base target's inputs.
-    base=${name%_check}
     inputs=()
     for f in tests/fuzz/regress/$base/* tests/fuzz/corpus/$base/*; do
         [[ -f $f && $(basename "$f") != README* ]] && inputs+=("$f")
@@ -122,7 +107,7 @@ for name in "${targets[@]}"; do
     if [[ ${#inputs[@]} -gt 0 ]]; then
         rc=0
         timeout --kill-after=30 $((60 + ${#inputs[@]} * 10)) \
-            "$bin" "${common[@]}" -artifact_prefix="$art/" "${inputs[@]}" >"$log" 2>&1 || rc=$?
+            "$bin" "${COMMON[@]}" -artifact_prefix="$art/" "${inputs[@]}" >"$log" 2>&1 || rc=$?
         if [[ $rc -ne 0 ]]; then
             bad=$(grep -o -E "Running: [^ ]+" "$log" | tail -n1 | sed 's/Running: //' || true)
             [[ $rc -eq 124 || $rc -eq 137 ]] && why="replay timed out" || why="replay failed (exit $rc)"
@@ -160,7 +145,7 @@ for name in "${targets[@]}"; do
         rc=0
         # shellcheck disable=SC2086
         timeout --kill-after=30 $((seg + 300)) \
-            "$bin" "${common[@]}" "${dict[@]}" -max_len="$maxlen" -max_total_time="$seg" \
+            "$bin" "${COMMON[@]}" "${dict[@]}" -max_len="$maxlen" -max_total_time="$seg" \
             -artifact_prefix="$art/" $FUZZ_EXTRA "$corpus" >"$log" 2>&1 || rc=$?
         secs=$(($(date +%s) - start))
         if [[ $rc -ne 0 ]]; then
