@@ -15,14 +15,15 @@ find_lib() {
 }
 
 # The library to LD_PRELOAD for allocator NAME: nothing for glibc, hakmem's
-# from $HAKMEM_SO (also for hakmem-check: hakmem with HAKMEM_CHECK=1, see
-# allocator_env), Debian's mimalloc and jemalloc. Status 1 when it is not
+# from $HAKMEM_SO (also for hakmem-check: hakmem with HAKMEM_CHECK=1, and
+# hakmem-prof: with the heap profiler on; see allocator_env), Debian's
+# mimalloc and jemalloc. Status 1 when it is not
 # there (not built, not installed), 2 for a name none of these.
 allocator_so() {
     local p=
     case $1 in
     glibc) return 0 ;;
-    hakmem | hakmem-check) [ -r "$HAKMEM_SO" ] && p=$(realpath "$HAKMEM_SO") ;;
+    hakmem | hakmem-check | hakmem-prof) [ -r "$HAKMEM_SO" ] && p=$(realpath "$HAKMEM_SO") ;;
     mimalloc) p=$(find_lib libmimalloc.so.2 libmimalloc2.0) ;;
     jemalloc) p=$(find_lib libjemalloc.so.2 libjemalloc2) ;;
     *) return 2 ;;
@@ -33,7 +34,10 @@ allocator_so() {
 
 # The environment allocator NAME runs with (VAR=VAL words; none for most).
 allocator_env() {
-    [ "$1" != hakmem-check ] || echo HAKMEM_CHECK=1
+    case $1 in
+    hakmem-check) echo HAKMEM_CHECK=1 ;;
+    hakmem-prof) echo HAKMEM_PROF=1 HAKMEM_PROF_FILE=/dev/null ;; # (the dump is timed too)
+    esac
 }
 
 # Fill allocs (the allocators to run, in order), SO[name] (the library to
@@ -50,7 +54,7 @@ pick_allocators() {
         rc=0
         so=$(allocator_so "$a") || rc=$?
         if [ $rc -eq 2 ]; then
-            echo "$prog: unknown allocator '$a' (known: glibc hakmem hakmem-check mimalloc jemalloc)" >&2
+            echo "$prog: unknown allocator '$a' (known: glibc hakmem hakmem-check hakmem-prof mimalloc jemalloc)" >&2
             exit 2
         elif [ $rc -ne 0 ]; then
             echo "$prog: WARNING: no library for $a (not built, or run bench/deps.sh); skipping it" >&2

@@ -11,6 +11,7 @@
 #include "box/secret.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/prof.h"
 #include "box/rmap.h"
 #include "sizes.h"
 
@@ -29,6 +30,7 @@ struct large_hdr {
     bool thp;        /* the mapping asked for huge pages */
     bool growing;    /* from large_alloc_growing: counted in large_growing_live */
     bool guarded;    /* the mapping's last page is a guard (LARGE_GUARD) */
+    bool sampled;    /* the heap profiler has a record of it (prof_record) */
     size_t req;      /* the size last asked for */
     void *user;      /* the pointer handed out */
     size_t map_size; /* bytes mapped from the header on */
@@ -580,6 +582,7 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
     *large_canary(h->user) = large_canary_value();
     h->req = size;
     h->growing = growing;
+    h->sampled = false;
     /* A growing block's pages come in by large_populate as it grows, unless
      * a cached mapping had them already (`clean` may count the part a split
      * left in the cache); any other block's as touched. */
@@ -594,6 +597,12 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
 
 void *large_alloc(size_t size, size_t align, bool zero) {
     return large_alloc_as(size, align, zero, false);
+}
+
+void *large_alloc_sampled(size_t size, size_t align, bool zero) {
+    void *p = large_alloc_as(size, align, zero, false);
+    if (p != NULL) ((struct large_hdr *)((uint8_t *)p - large_offset(align)))->sampled = true;
+    return p;
 }
 
 void *large_alloc_growing(size_t size) {
@@ -657,6 +666,7 @@ bool large_is_live(const void *p, uint32_t entry, size_t *req) {
 
 void large_free(void *p, uint32_t entry, const char *fn) {
     struct large_hdr *h = large_header(p, entry, fn);
+    if (hak_unlikely(h->sampled)) prof_forget(p);
     h->magic = LARGE_FREE;
     if (h->growing) atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
     large_add(&large_n_frees, 1);
@@ -800,6 +810,10 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
 
 void *large_realloc(void *p, uint32_t entry, size_t n) {
     struct large_hdr *h = large_header(p, entry, "realloc");
+    if (hak_unlikely(h->sampled)) { /* its record would keep the old size (or address) */
+        prof_forget(p);
+        h->sampled = false;
+    }
     size_t off = h->offset;
     if (n > HAK_MAX_REQUEST - off - 2 * HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */
     size_t pages = hak_align_up(off + n, HAK_PAGE_SIZE);

@@ -17,6 +17,10 @@
  * zeroed when `zero`. NULL with errno ENOMEM on failure. Any size works, but
  * the front sends only what the smaller tiers cannot serve. */
 void *large_alloc(size_t size, size_t align, bool zero);
+/* large_alloc for a block the heap profiler samples: its free (or realloc)
+ * tells the profiler (prof_forget). Any block may be one: a small one asks
+ * for its class size, aligned as its class's blocks are. */
+void *large_alloc_sampled(size_t size, size_t align, bool zero);
 /* For a block that realloc grows out of a smaller tier, likely to grow on
  * (a buffer, a string, a vector): a mapping with room to grow in place to
  * the end of its 2 MiB region, in small pages (only what is used becomes

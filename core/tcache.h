@@ -12,32 +12,128 @@
 struct tiny_heap;
 struct pool_heap;
 
+/* A list's two counters in one word, so that a pop updates both with one
+ * add: `room` (low 16 bits: blocks the list may still take; free's whole
+ * capacity check is one decrement and a sign test) and the countdown (the
+ * 48 bits above: allocations of the class to pass before the next one is
+ * sampled, for the heap profiler, and counted, for stats). A pop adds 1 to
+ * room and takes 1 from the countdown; the sum turns negative exactly when
+ * the countdown was 0, which sends that allocation to the miss path
+ * (front_malloc_miss). room stays in 0..cap at a pop (a push that overdraws
+ * it to -1 is refunded before any pop), so the add never carries. */
+union tc_counts {
+    int64_t word;
+    int16_t room;
+};
+#define TC_POP      ((int64_t)1 - ((int64_t)1 << 16))
+#define TC_CD_SHIFT 16
+#define TC_CD_MAX   ((int64_t)1 << 46) /* a countdown with sampling off */
+
 struct hak_tcache {
     void *head[SMALL_NCLASSES]; /* free blocks, linked through word 0 */
-    /* Blocks each list may still take. Free's whole capacity check is one
-     * decrement and a sign test. 0 while the caches are closed:
-     * until this thread's first slow path (and again after its exit hook
-     * ran), so a thread's first free of a class also takes a slow path,
-     * which arms the exit hook (tc_thread_start). */
-    int16_t room[SMALL_NCLASSES];
+    /* room is 0 while the caches are closed: until this thread's first slow
+     * path (and again after its exit hook ran), so a thread's first free of
+     * a class also takes a slow path, which arms the exit hook
+     * (tc_thread_start). */
+    union tc_counts cnt[SMALL_NCLASSES];
     bool open;              /* caches open: room counts from small_class_cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
     struct pool_heap *pool; /* this thread's Pool heap, NULL until needed */
-    /* Tiny allocs served by this cache, for stats: one add on the fast
-     * path, cheaper than testing whether stats are on. Frees need no count
-     * of their own: tiny.c derives them from the cache's in- and outflows. */
+    int32_t purge_tick;     /* misses until the front looks at the clock (front_purge) */
+    /* Tiny allocs, for stats: those of earlier countdowns, and the value
+     * the current countdown started from (what it has gone down by since is
+     * the rest). Frees need no count of their own: tiny.c derives them from
+     * the cache's in- and outflows. */
     uint64_t allocs[TINY_NCLASSES];
+    int64_t armed[SMALL_NCLASSES]; /* that value + 1; 0: never armed */
 };
 
 extern HAK_HIDDEN __thread struct hak_tcache hak_tc;
 
+/* Take d from the counts of cls; true when the result is negative. In
+ * assembly on x86-64: one subtraction from memory and the sign flag, where
+ * GCC 12 spends an extra instruction on the address. */
+HAK_INLINE bool tc_count_sub(uint32_t cls, int64_t d) {
+#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__)
+    bool negative;
+    __asm__("subq %2, %1" : "=@ccs"(negative), "+m"(hak_tc.cnt[(size_t)cls].word) : "er"(d));
+    return negative;
+#else
+    return (hak_tc.cnt[cls].word -= d) < 0;
+#endif
+}
+
 HAK_INLINE void *tc_pop(uint32_t cls) {
     void *p = hak_tc.head[cls];
     if (hak_likely(p != NULL)) {
+        /* The countdown is due: the miss path (tc_due) undoes the add. */
+        if (hak_unlikely(tc_count_sub(cls, -TC_POP))) return NULL;
         hak_tc.head[cls] = *(void **)p;
-        hak_tc.room[cls]++;
     }
     return p;
+}
+
+/* Pop from a list a slow path just filled (not empty): the miss path
+ * counted the allocation in the countdown already (tc_due). */
+static inline void *tc_pop_filled(uint32_t cls) {
+    void *p = hak_tc.head[cls];
+    hak_tc.head[cls] = *(void **)p;
+    hak_tc.cnt[cls].room++;
+    return p;
+}
+
+/* The countdown of cls (room is not negative outside a push's slow path,
+ * nor the word outside a miss). */
+static inline int64_t tc_countdown(uint32_t cls) {
+    return hak_tc.cnt[cls].word >> TC_CD_SHIFT;
+}
+
+/* On every miss of cls (a pop that returned NULL must come here): count
+ * this allocation; true when it is the one the countdown points at. The
+ * caller then calls tc_due_undo, samples it or not, and calls tc_rearm. */
+HAK_INLINE bool tc_due(uint32_t cls) {
+    return tc_count_sub(cls, (int64_t)1 << TC_CD_SHIFT);
+}
+
+/* After tc_due said true: the countdown back at 0, and room as it was
+ * before the pop that found it due, if one did (it left the countdown at
+ * -1, room one up). */
+static inline void tc_due_undo(uint32_t cls) {
+    int64_t w = hak_tc.cnt[cls].word;
+    int64_t room = w & 0xffff;
+    if ((w >> TC_CD_SHIFT) == -2) room--;
+    hak_tc.cnt[cls].word = room;
+}
+
+/* Start the next countdown of cls (it is at 0, tc_due_undo): cd >= 0
+ * allocations to pass before the next due one. False when the due one was
+ * the thread's first allocation of the class (countdowns start at 0,
+ * unarmed): that one is no sample. */
+static inline bool tc_rearm(uint32_t cls, int64_t cd) {
+    int64_t was = hak_tc.armed[cls];
+    if (cls < TINY_NCLASSES && was != 0) hak_tc.allocs[cls] += (uint64_t)(was - 1);
+    hak_tc.armed[cls] = cd + 1;
+    hak_tc.cnt[cls].word += cd * ((int64_t)1 << TC_CD_SHIFT);
+    return was != 0;
+}
+
+/* The due allocation is served from the class after all (not sampled): it
+ * counts, and its pop (or miss) takes back this one, not the countdown's. */
+static inline void tc_serve_due(uint32_t cls) {
+    hak_tc.armed[cls]++;
+    hak_tc.cnt[cls].word += (int64_t)1 << TC_CD_SHIFT;
+}
+
+/* Tiny allocs of cls counted since the last call. */
+static inline uint64_t tc_take_allocs(uint32_t cls) {
+    uint64_t n = hak_tc.allocs[cls];
+    hak_tc.allocs[cls] = 0;
+    if (hak_tc.armed[cls] != 0) {
+        int64_t cd = tc_countdown(cls);
+        n += (uint64_t)(hak_tc.armed[cls] - 1 - cd);
+        hak_tc.armed[cls] = cd + 1;
+    }
+    return n;
 }
 
 /* Push p. When the list is full or the caches are closed nothing is pushed
@@ -45,7 +141,7 @@ HAK_INLINE void *tc_pop(uint32_t cls) {
  * gives that unit back (tc_refund) first. Restoring it here would cost the
  * fast path a register and two instructions. */
 HAK_INLINE bool tc_push(uint32_t cls, void *p) {
-    if (hak_unlikely(--hak_tc.room[cls] < 0)) return false;
+    if (hak_unlikely(--hak_tc.cnt[cls].room < 0)) return false;
     *(void **)p = hak_tc.head[cls];
     hak_tc.head[cls] = p;
     return true;
@@ -53,26 +149,26 @@ HAK_INLINE bool tc_push(uint32_t cls, void *p) {
 
 /* Undo the overdraft of a tc_push that returned false. */
 static inline void tc_refund(uint32_t cls) {
-    hak_tc.room[cls]++;
+    hak_tc.cnt[cls].room++;
 }
 
 /* Blocks on the list of cls. */
 static inline uint32_t tc_count(uint32_t cls) {
-    return hak_tc.open ? (uint32_t)small_class_cap[cls] - hak_tc.room[cls] : 0;
+    return hak_tc.open ? (uint32_t)small_class_cap[cls] - hak_tc.cnt[cls].room : 0;
 }
 
 /* The list of cls is empty: make the NULL-terminated chain of n blocks
  * (n <= room) at first its list. */
 static inline void tc_fill(uint32_t cls, void *first, uint32_t n) {
     hak_tc.head[cls] = first;
-    hak_tc.room[cls] = (int16_t)(hak_tc.room[cls] - n);
+    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room - n);
 }
 
 /* Put a chain first..last of n blocks (n <= room) in front of the list of cls. */
 static inline void tc_push_chain(uint32_t cls, void *first, void *last, uint32_t n) {
     *(void **)last = hak_tc.head[cls];
     hak_tc.head[cls] = first;
-    hak_tc.room[cls] = (int16_t)(hak_tc.room[cls] - n);
+    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room - n);
 }
 
 /* Detach the first n (<= count) blocks of cls; returns the first, *last the
@@ -82,7 +178,7 @@ static inline void *tc_take(uint32_t cls, uint32_t n, void **last) {
     for (uint32_t i = 1; i < n; i++)
         b = *(void **)b;
     hak_tc.head[cls] = *(void **)b;
-    hak_tc.room[cls] = (int16_t)(hak_tc.room[cls] + n);
+    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + n);
     *last = b;
     return first;
 }

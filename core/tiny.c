@@ -39,7 +39,7 @@ static inline void tiny_stat(uint32_t cls, int which, uint64_t n) {
 }
 
 /* This thread's block flows per Tiny class, for stats. The fast paths count
- * allocs only (hak_tc.allocs): every block that enters the cache comes from
+ * allocs only (the countdowns, tc_take_allocs): every block that enters the cache comes from
  * a free or a refill and every one that leaves goes to an alloc or a flush,
  * so frees = allocs + flushed - refilled + (cached now - cached at the last
  * merge). */
@@ -52,11 +52,12 @@ static __thread struct {
 static void tiny_merge_counts(void) {
     for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
         uint32_t cached = tc_count(c);
-        uint64_t frees = hak_tc.allocs[c] + tiny_flow.flushed[c] - tiny_flow.refilled[c] + cached -
+        uint64_t allocs = tc_take_allocs(c);
+        uint64_t frees = allocs + tiny_flow.flushed[c] - tiny_flow.refilled[c] + cached -
                          tiny_flow.cached[c] + tiny_flow.remote[c];
-        atomic_fetch_add_explicit(&tiny_st[c][ST_ALLOCS], hak_tc.allocs[c], memory_order_relaxed);
+        atomic_fetch_add_explicit(&tiny_st[c][ST_ALLOCS], allocs, memory_order_relaxed);
         atomic_fetch_add_explicit(&tiny_st[c][ST_FREES], frees, memory_order_relaxed);
-        hak_tc.allocs[c] = tiny_flow.flushed[c] = tiny_flow.refilled[c] = tiny_flow.remote[c] = 0;
+        tiny_flow.flushed[c] = tiny_flow.refilled[c] = tiny_flow.remote[c] = 0;
         tiny_flow.cached[c] = cached;
     }
 }
@@ -128,7 +129,7 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
     if (s->free == NULL) tiny_drain(s);
     uint32_t n = (uint32_t)(s->carved - s->used); /* the free list's length */
     void *first = s->free, *last;
-    if (n != 0 && n <= (uint32_t)hak_tc.room[cls]) {
+    if (n != 0 && n <= (uint32_t)hak_tc.cnt[cls].room) {
         /* The whole list becomes the cache as it stands: no walk, whose every
          * step would be a cache miss on a block freed long ago. */
         s->free = NULL;
@@ -241,7 +242,7 @@ void *tiny_alloc_slow(uint32_t cls) {
     /* Pre-warm: a thread's first refill of a class asks for the whole cache
      * (a fresh slab gives what its first page holds); later ones for half,
      * leaving the other half for frees. */
-    uint32_t want = h->warm[cls] ? tc_batch(cls) : (uint32_t)hak_tc.room[cls];
+    uint32_t want = h->warm[cls] ? tc_batch(cls) : (uint32_t)hak_tc.cnt[cls].room;
     h->warm[cls] = true;
     struct ss_slab *s = h->cur[cls];
     while (s == NULL || tiny_take(s, cls, want) == 0) {
@@ -253,8 +254,7 @@ void *tiny_alloc_slow(uint32_t cls) {
         }
     }
     tiny_stat(cls, ST_REFILLS, 1);
-    hak_tc.allocs[cls]++;
-    return tiny_handed_out(tc_pop(cls));
+    return tiny_handed_out(tc_pop_filled(cls));
 }
 
 /* Return n blocks of cls from the thread cache to their slabs. */

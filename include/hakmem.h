@@ -31,6 +31,13 @@ int hak_malloc_trim(size_t pad);
 void hak_malloc_stats(void);
 struct mallinfo2 hak_mallinfo2(void);
 
+/* Heap profiler (HAKMEM_PROF=1): write the sampled allocations in use now,
+ * as estimates, in the heap-profile format pprof reads (`google-pprof
+ * --text PROGRAM FILE`) to `path`, or with path NULL to HAKMEM_PROF_FILE
+ * ("%p" in either: the process id). 0, or -1 with errno set (EINVAL: the
+ * profiler is off). */
+int hak_prof_dump(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,8 @@ struct hak_config hak_cfg = {
     .ss_cache = 8,
     .pool_arena_mb_init = 1,
     .pool_arena_mb_max = 8,
+    .prof_sample = (uint64_t)512 << 10,
+    .prof_file = "hakmem.%p.heap",
 };
 
 /* Parse a decimal integer in [lo, hi]; false (with a warning naming the
@@ -52,6 +54,10 @@ void config_load(void) {
     if (config_int("HAKMEM_HUGEPAGES", 0, 1, &v)) hak_cfg.hugepages = v != 0;
     if (config_int("HAKMEM_BACKTRACE", 0, 1, &v)) hak_cfg.backtrace = v != 0;
     if (config_int("HAKMEM_CHECK", 0, 1, &v)) hak_cfg.check = v != 0;
+    if (config_int("HAKMEM_PROF", 0, 1, &v)) hak_cfg.prof = v != 0;
+    if (config_int("HAKMEM_PROF_SAMPLE", 1, (uint64_t)1 << 40, &v)) hak_cfg.prof_sample = v;
+    const char *file = getenv("HAKMEM_PROF_FILE");
+    if (file != NULL && *file != '\0') hak_cfg.prof_file = file; /* (prof_start copies it) */
     if (config_int("HAKMEM_SS_CACHE", 0, 1024, &v)) hak_cfg.ss_cache = v;
     if (config_int("HAKMEM_POOL_ARENA_MB_INIT", 1, 1024, &v))
         hak_cfg.pool_arena_mb_init = (uint32_t)v;

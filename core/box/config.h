@@ -19,6 +19,9 @@ struct hak_config {
     uint32_t pool_arena_mb_max;  /* HAKMEM_POOL_ARENA_MB_MAX: Pool chunks grow to this */
     bool backtrace;              /* HAKMEM_BACKTRACE: a backtrace with every heap-bug report */
     bool check;                  /* HAKMEM_CHECK: the checked tier serves every allocation */
+    bool prof;                   /* HAKMEM_PROF: the heap profiler samples allocations */
+    uint64_t prof_sample;        /* HAKMEM_PROF_SAMPLE: mean bytes between samples */
+    const char *prof_file;       /* HAKMEM_PROF_FILE: where the profile goes at exit */
 };
 
 /* How long free memory stays resident unused before it goes back to the

@@ -36,14 +36,16 @@ void diag_hex(struct diag_buf *b, uint64_t v) {
     diag_digits(b, v, 16, 0);
 }
 
-void diag_flush(struct diag_buf *b, int fd) {
+bool diag_flush(struct diag_buf *b, int fd) {
     size_t off = 0;
     while (off < b->n) {
         ssize_t w = write(fd, b->s + off, b->n - off);
         if (w <= 0) break;
         off += (size_t)w;
     }
+    bool all = off == b->n;
     b->n = 0;
+    return all;
 }
 
 static const char *const diag_kinds[] = {

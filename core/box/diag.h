@@ -63,6 +63,7 @@ void diag_u64(struct diag_buf *b, uint64_t v);
 void diag_hex(struct diag_buf *b, uint64_t v);
 /* Right-aligned in `width` columns. */
 void diag_u64w(struct diag_buf *b, uint64_t v, int width);
-void diag_flush(struct diag_buf *b, int fd);
+/* Write it all to fd and empty it; false when a write failed. */
+bool diag_flush(struct diag_buf *b, int fd);
 
 #endif

@@ -7,6 +7,7 @@
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/os.h"
+#include "box/prof.h"
 #include "box/stats.h"
 #include "front/front.h"
 #include "front/lifecycle.h"
@@ -37,6 +38,21 @@ static uint32_t front_aligned_class(size_t align, size_t n) {
     return cls;
 }
 
+/* A Large block that the heap profiler's byte countdown chose (prof.h). */
+static __attribute__((cold, noinline)) void *front_large_sampled(size_t n, size_t align,
+                                                                 bool zero) {
+    void *p = large_alloc_sampled(n, align, zero);
+    if (p != NULL) prof_record(p, n, n);
+    return p;
+}
+
+/* A Large block of n bytes; with the profiler on, maybe a sampled one. */
+static inline void *front_large(size_t n, size_t align, bool zero) {
+    if (hak_unlikely(prof_on) && !prof_busy && prof_bytes_due(n))
+        return front_large_sampled(n, align, zero);
+    return large_alloc(n, align, zero);
+}
+
 /* A block of n bytes aligned to `align` (a power of two), for family f. */
 static void *front_aligned(size_t align, size_t n, enum chk_family f) {
     if (hak_unlikely(chk_on)) return chk_alloc(n, align, f);
@@ -47,12 +63,12 @@ static void *front_aligned(size_t align, size_t n, enum chk_family f) {
         /* Coloured L2.5 blocks (one stride of size + 64 apart, sizes
          * multiples of 4 KiB) are 64-byte aligned; for more, uncoloured ones. */
         if (cls < TINY_NCLASSES || align <= 64)
-            p = front_alloc_class(cls);
+            p = front_alloc_class(cls, n);
         else
             p = l25_alloc_aligned(cls);
         if (hak_likely(p != NULL)) return p;
     }
-    return large_alloc(n, align, false); /* also the last resort (front_small_failed) */
+    return front_large(n, align, false); /* also the last resort (front_small_failed) */
 }
 
 static void *front_calloc(size_t nmemb, size_t size) {
@@ -62,8 +78,8 @@ static void *front_calloc(size_t nmemb, size_t size) {
         return NULL;
     }
     if (hak_unlikely(chk_on)) return chk_calloc(n);
-    if (n > HAK_SMALL_MAX) return large_alloc(n, HAK_MIN_ALIGN, true);
-    void *p = front_alloc_class(small_class_of(n));
+    if (n > HAK_SMALL_MAX) return front_large(n, HAK_MIN_ALIGN, true);
+    void *p = front_alloc_class(small_class_of(n), n);
     if (hak_unlikely(p == NULL)) return large_alloc(n, HAK_MIN_ALIGN, true); /* last resort */
     memset(p, 0, n);
     return p;
@@ -341,7 +357,7 @@ static __attribute__((cold, noinline)) void *front_small_failed(uint32_t cls) {
 
 static __attribute__((noinline)) void *front_large_miss(size_t n) {
     void *p;
-    FRONT_TRY(p, p == NULL, large_alloc(n, HAK_MIN_ALIGN, false));
+    FRONT_TRY(p, p == NULL, front_large(n, HAK_MIN_ALIGN, false));
     return p;
 }
 
@@ -352,12 +368,11 @@ static __attribute__((noinline)) void *front_large_miss(size_t n) {
  * once per FRONT_PURGE_TICK misses. */
 #define FRONT_PURGE_TICK 64
 static _Atomic uint64_t front_purge_next; /* ms */
-static __thread uint32_t front_purge_tick;
 
 static __thread uint64_t front_purge_mine; /* ms: this thread's next look at its own */
 
 static __attribute__((noinline)) void front_purge(void) {
-    front_purge_tick = FRONT_PURGE_TICK;
+    hak_tc.purge_tick = FRONT_PURGE_TICK;
     uint64_t now = hak_now_ms();
     if (now >= front_purge_mine) {
         /* What only this thread may touch: its L2.5 cache (up to two blocks
@@ -389,15 +404,52 @@ static inline void *front_class_slow(uint32_t cls) {
     return hak_likely(p != NULL) ? p : l25_alloc_uncached(cls);
 }
 
-HAK_HIDDEN void *front_class_miss(uint32_t cls) {
-    if (hak_unlikely(front_purge_tick-- == 0)) front_purge();
+/* The countdown of cls is due (tcache.h): this allocation, of n bytes, is
+ * the one to sample. With the profiler on (and this thread not recording
+ * one already: the unwinder allocates), it gets a Large block, aligned as
+ * the class's blocks are, whose free the profiler sees. NULL otherwise: the
+ * caller serves it from the class, which does not move the next countdown
+ * (started first, so that an allocation made while recording finds it
+ * running). */
+static void *front_sample(size_t n, uint32_t cls) {
+    tc_due_undo(cls);
+    size_t size = small_class_size[cls];
+    if (tc_rearm(cls, prof_countdown(size)) && prof_on && !prof_busy) {
+        size_t align = size & -size; /* what the class's blocks are aligned to */
+        void *p =
+            large_alloc_sampled(size, align < 2 * HAK_PAGE_SIZE ? align : 2 * HAK_PAGE_SIZE, false);
+        if (p != NULL) {
+            prof_record(p, n, size);
+            return p;
+        }
+    }
+    tc_serve_due(cls);
+    return NULL;
+}
+
+/* Out of line, so that the misses below keep their registers. */
+static __attribute__((cold, noinline)) void *front_class_due(uint32_t cls, size_t n) {
+    void *p = front_sample(n, cls);
+    return p != NULL ? p : front_alloc_class(cls, n);
+}
+
+static __attribute__((cold, noinline)) void *front_malloc_due(size_t n, uint32_t cls) {
+    void *p = front_sample(n, cls);
+    if (p == NULL) p = front_alloc_class(cls, n);
+    return hak_likely(p != NULL) ? p : front_small_failed(cls);
+}
+
+HAK_HIDDEN void *front_class_miss(uint32_t cls, size_t n) {
+    if (hak_unlikely(--hak_tc.purge_tick < 0)) front_purge();
+    if (hak_unlikely(tc_due(cls))) return front_class_due(cls, n);
     return front_class_slow(cls);
 }
 
-HAK_HIDDEN void *front_malloc_miss(size_t n, uint32_t cls, enum chk_family f) {
+HAK_HIDDEN void *front_malloc_miss(size_t n, size_t cls, enum chk_family f) {
     if (hak_unlikely(chk_on)) return chk_alloc(n, 0, f);
-    if (hak_unlikely(front_purge_tick-- == 0)) front_purge();
+    if (hak_unlikely(--hak_tc.purge_tick < 0)) front_purge();
     if (cls >= SMALL_NCLASSES) return front_large_miss(n);
+    if (hak_unlikely(tc_due(cls))) return front_malloc_due(n, cls);
     void *p = front_class_slow(cls); /* (inlined: Pool blocks come this way often) */
     return hak_likely(p != NULL) ? p : front_small_failed(cls);
 }
@@ -407,6 +459,9 @@ HAK_HIDDEN void *front_malloc_miss(size_t n, uint32_t cls, enum chk_family f) {
  * of the same code (below), so a program calling either runs one function.
  * After a failure with ENOMEM, one more try once the caches gave their
  * memory back (front_retry); malloc does it in front_malloc_miss. */
+HAK_API int hak_prof_dump(const char *path) {
+    return prof_dump(path);
+}
 HAK_API void *hak_malloc(size_t size) {
     return front_malloc(size);
 }

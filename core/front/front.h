@@ -19,13 +19,13 @@
  * (api.c). Out of line, so the fast path below keeps its arguments in
  * their registers and tail-jumps here. f: the family allocating, for the
  * checked tier (HAKMEM_CHECK), which serves every miss while on. */
-void *front_malloc_miss(size_t n, uint32_t cls, enum chk_family f);
+void *front_malloc_miss(size_t n, size_t cls, enum chk_family f);
 /* A block of small class cls the thread cache had none of, for
  * front_alloc_class: the class's tier (NULL, errno ENOMEM, when even the
  * L2.5 tier has no memory). It and front_malloc_miss share the one place
  * where the case of a thread that may not cache is decided (api.c,
  * front_class_slow). */
-void *front_class_miss(uint32_t cls);
+void *front_class_miss(uint32_t cls, size_t n);
 
 HAK_INLINE void *front_malloc_as(size_t n, enum chk_family f) {
     void *p = NULL;
@@ -50,12 +50,13 @@ HAK_INLINE void *front_malloc(size_t n) {
     return front_malloc_as(n, CHK_MALLOC);
 }
 
-/* A block of class cls from whichever tier serves that class. */
-HAK_INLINE void *front_alloc_class(uint32_t cls) {
+/* A block of class cls, for a request of n bytes (the heap profiler's
+ * record), from whichever tier serves that class. */
+HAK_INLINE void *front_alloc_class(uint32_t cls, size_t n) {
     void *p = cls < TINY_NCLASSES ? tiny_alloc_fast(cls)
               : cls < POOL_END    ? pool_alloc_fast(cls)
                                   : l25_alloc_fast(cls);
-    return hak_likely(p != NULL) ? p : front_class_miss(cls);
+    return hak_likely(p != NULL) ? p : front_class_miss(cls, n);
 }
 
 /* Free p; `fn` names the API call in error messages. NULL is a no-op, and

@@ -5,6 +5,7 @@
 #include "box/diag.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/prof.h"
 #include "box/stats.h"
 #include "check.h"
 #include "large.h"
@@ -51,6 +52,7 @@ static void life_thread_exit(void *unused) {
  * between our prepare and our parent/child handler and may allocate: the
  * forking thread marks itself so its lock sites skip the locks it holds. */
 static void life_fork_prepare(void) {
+    prof_fork_prepare(); /* first: a record's mapping is made under its lock */
     chk_fork_prepare();
     tiny_fork_prepare(); /* before ss: the Tiny lock is taken outside the SuperSlab lock */
     ss_fork_prepare();
@@ -72,6 +74,7 @@ static void life_fork_release(void) {
     ss_fork_release();
     tiny_fork_release();
     chk_fork_release();
+    prof_fork_release();
 }
 
 static void life_fork_child(void) {
@@ -116,9 +119,19 @@ __attribute__((constructor)) static void life_start(void) {
     life_begin(); /* (libc is set up by now, even if a constructor cleared environ) */
     /* Here, not in hak_init: arming loads the unwinder, which allocates. */
     if (hak_cfg.backtrace) diag_arm_backtrace();
+    if (hak_cfg.prof && hak_cfg.check) {
+        struct diag_buf b = {.n = 0};
+        diag_str(&b, "hakmem: HAKMEM_PROF is ignored in checked mode (HAKMEM_CHECK=1)\n");
+        diag_flush(&b, 2);
+    }
+    if (hak_cfg.prof && !hak_cfg.check)
+        prof_start(hak_cfg.prof_sample, hak_cfg.prof_file);
+    else
+        prof_decline();
 }
 
 __attribute__((destructor)) static void life_end(void) {
     chk_exit(); /* what waits in quarantine was not written since its free */
+    prof_exit();
     if (hak_cfg.stats) stats_print(2);
 }

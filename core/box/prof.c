@@ -1,0 +1,377 @@
+#include "box/prof.h"
+
+#include "box/diag.h"
+#include "box/lock.h"
+#include "box/os.h"
+#include "box/secret.h"
+
+#include <errno.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PROF_DEPTH    64 /* frames kept per sample */
+#define PROF_SKIP_MAX 16 /* the allocator's own frames above the caller's, at most */
+#define PROF_BUCKETS  4096
+#define PROF_CHUNK    ((size_t)64 << 10) /* records come in mappings of this */
+#define PROF_CD_OFF   ((int64_t)1 << 46) /* countdowns with sampling off */
+#define PROF_CD_SOON  256                /* countdowns before the settings are read */
+
+struct prof_rec {
+    struct prof_rec *next; /* in its bucket, or on the spare list */
+    const void *p;
+    uint64_t n;   /* bytes asked */
+    double scale; /* 1 / the probability it was sampled with */
+    uint32_t depth;
+    void *pc[PROF_DEPTH]; /* return addresses, the caller of malloc first */
+};
+
+HAK_HIDDEN bool prof_on;
+HAK_HIDDEN __thread bool prof_busy;
+
+enum { PROF_UNDECIDED, PROF_OFF, PROF_ON };
+static _Atomic int prof_state;
+static double prof_rate;           /* HAKMEM_PROF_SAMPLE: mean bytes between samples */
+static char prof_file[4096];       /* HAKMEM_PROF_FILE */
+static uintptr_t prof_lo, prof_hi; /* this library's code: its frames are skipped */
+
+static pthread_mutex_t prof_lock = PTHREAD_MUTEX_INITIALIZER; /* the records */
+static struct prof_rec **prof_table;                          /* PROF_BUCKETS chains */
+static struct prof_rec *prof_spare;
+
+static __thread struct {
+    uint64_t rng;
+    int64_t left; /* bytes to the next sample outside the class countdowns */
+    bool armed;
+} prof_t;
+
+/* ---- numbers: no libm in an allocator --------------------------------------- */
+
+static uint64_t prof_random(void) {
+    uint64_t x = prof_t.rng;
+    if (x == 0) x = (hak_secret() ^ ((uintptr_t)&prof_t * 0x9e3779b97f4a7c15ull)) | 1;
+    x ^= x >> 12; /* xorshift64* */
+    x ^= x << 25;
+    x ^= x >> 27;
+    prof_t.rng = x;
+    return x * 0x2545f4914f6cdd1dull;
+}
+
+/* ln(x) for a normal x > 0: x = m 2^e with m in [sqrt(1/2), sqrt(2)), and
+ * ln(m) = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.172: its series to s^11
+ * is good to 1e-9. */
+static double prof_ln(double x) {
+    union {
+        double d;
+        uint64_t u;
+    } v = {x};
+    int e = (int)((v.u >> 52) & 0x7ff) - 1023;
+    v.u = (v.u & ((1ull << 52) - 1)) | (1023ull << 52);
+    double m = v.d;
+    if (m > 1.4142135623730951) {
+        m *= 0.5;
+        e++;
+    }
+    double s = (m - 1) / (m + 1), s2 = s * s;
+    double series =
+        s *
+        (2 + s2 * (2.0 / 3 + s2 * (2.0 / 5 + s2 * (2.0 / 7 + s2 * (2.0 / 9 + s2 * (2.0 / 11))))));
+    return e * 0.6931471805599453 + series;
+}
+
+/* exp(-x) for x >= 0: 2^-k exp(r), |r| <= ln(2)/2, exp(r) by its series. */
+static double prof_exp_neg(double x) {
+    if (x > 700) return 0;
+    const double ln2 = 0.6931471805599453;
+    int64_t k = (int64_t)(x / ln2 + 0.5);
+    double r = (double)k * ln2 - x, t = 1, sum = 1;
+    for (int i = 1; i <= 13; i++) {
+        t *= r / i;
+        sum += t;
+    }
+    union {
+        double d;
+        uint64_t u;
+    } v = {sum};
+    v.u -= (uint64_t)k << 52; /* sum is in [0.7, 1.5]: its exponent stays normal */
+    return v.d;
+}
+
+/* The probability that an allocation of `size` bytes is sampled. */
+static double prof_probability(size_t size) {
+    double x = (double)size / prof_rate;
+    if (x < 1e-4) return x * (1 - x / 2 * (1 - x / 3)); /* 1 - exp(-x) without the cancellation */
+    return 1 - prof_exp_neg(x);
+}
+
+/* Bytes to the next point of the Poisson process: exponential, mean prof_rate. */
+static double prof_gap(void) {
+    double u = (double)((prof_random() >> 11) + 1) * 0x1p-53; /* (0, 1] */
+    return -prof_ln(u) * prof_rate;
+}
+
+int64_t prof_countdown(size_t size) {
+    int state = atomic_load_explicit(&prof_state, memory_order_relaxed);
+    if (state == PROF_OFF) return PROF_CD_OFF;
+    if (state == PROF_UNDECIDED) return PROF_CD_SOON;
+    /* Whole allocations of `size` that fit in the gap pass; the one it ends
+     * in is sampled. (The gaps of each class's allocations are those of one
+     * byte countdown: the process is memoryless.) */
+    double n = prof_gap() / (double)size;
+    return n >= (double)PROF_CD_OFF ? PROF_CD_OFF : (int64_t)n;
+}
+
+bool prof_bytes_due(size_t n) {
+    if (hak_unlikely(!prof_t.armed)) {
+        prof_t.left = (int64_t)prof_gap();
+        prof_t.armed = true;
+    }
+    if ((prof_t.left -= (int64_t)n) >= 0) return false;
+    prof_t.left = (int64_t)prof_gap();
+    return true;
+}
+
+/* ---- start ------------------------------------------------------------------ */
+
+/* dl_iterate_phdr: the code segment holding `arg` (a function of ours). */
+static int prof_find_self(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    uintptr_t me = (uintptr_t)arg;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (me < lo || me >= hi) continue;
+        /* Linked into the program itself, its code is the program's: no
+         * frame can be told apart as ours, and none is skipped. */
+        if (info->dlpi_name != NULL && info->dlpi_name[0] != '\0') {
+            prof_lo = lo;
+            prof_hi = hi;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+void prof_start(uint64_t sample, const char *file) {
+    prof_rate = (double)sample;
+    size_t len = strlen(file);
+    if (len >= sizeof prof_file) len = sizeof prof_file - 1;
+    memcpy(prof_file, file, len);
+    prof_file[len] = '\0';
+    prof_table = os_map_aligned(PROF_BUCKETS * sizeof *prof_table, HAK_PAGE_SIZE);
+    if (prof_table == NULL) {
+        struct diag_buf b = {.n = 0};
+        diag_str(&b, "hakmem: no memory for the heap profiler; HAKMEM_PROF is off\n");
+        diag_flush(&b, 2);
+        prof_decline();
+        return;
+    }
+    dl_iterate_phdr(prof_find_self, (void *)(uintptr_t)prof_start);
+    void *frame[2];
+    backtrace(frame, 2); /* loads the unwinder now, while malloc may recurse */
+    prof_on = true;
+    atomic_store_explicit(&prof_state, PROF_ON, memory_order_relaxed);
+}
+
+void prof_decline(void) {
+    atomic_store_explicit(&prof_state, PROF_OFF, memory_order_relaxed);
+}
+
+/* ---- records ---------------------------------------------------------------- */
+
+static inline struct prof_rec **prof_bucket(const void *p) {
+    return &prof_table[((uintptr_t)p * 0x9e3779b97f4a7c15ull) >> (64 - 12)];
+}
+_Static_assert(PROF_BUCKETS == 1 << 12, "prof_bucket's shift");
+
+/* A record off the spare list; a new mapping of them when it is empty. */
+static struct prof_rec *prof_new_rec(void) {
+    if (prof_spare == NULL) {
+        struct prof_rec *c = os_map_aligned(PROF_CHUNK, HAK_PAGE_SIZE);
+        if (c == NULL) return NULL;
+        for (size_t i = 0; i < PROF_CHUNK / sizeof *c; i++) {
+            c[i].next = prof_spare;
+            prof_spare = &c[i];
+        }
+    }
+    struct prof_rec *r = prof_spare;
+    prof_spare = r->next;
+    return r;
+}
+
+void prof_record(const void *p, size_t n, size_t size) {
+    prof_busy = true;
+    void *pc[PROF_SKIP_MAX + PROF_DEPTH];
+    int got = backtrace(pc, PROF_SKIP_MAX + PROF_DEPTH);
+    int skip = 0;
+    while (skip < got && skip < PROF_SKIP_MAX && (uintptr_t)pc[skip] >= prof_lo &&
+           (uintptr_t)pc[skip] < prof_hi)
+        skip++;
+    int depth = got - skip > PROF_DEPTH ? PROF_DEPTH : got - skip;
+    double scale = 1 / prof_probability(size);
+    hak_lock(&prof_lock);
+    struct prof_rec *r = prof_new_rec();
+    if (r != NULL) { /* (no memory for it: the sample is lost) */
+        r->p = p;
+        r->n = n;
+        r->scale = scale;
+        r->depth = depth > 0 ? (uint32_t)depth : 0;
+        memcpy(r->pc, pc + skip, r->depth * sizeof *pc);
+        struct prof_rec **b = prof_bucket(p);
+        r->next = *b;
+        *b = r;
+    }
+    hak_unlock(&prof_lock);
+    prof_busy = false;
+}
+
+void prof_forget(const void *p) {
+    hak_lock(&prof_lock);
+    for (struct prof_rec **at = prof_bucket(p); *at != NULL; at = &(*at)->next) {
+        if ((*at)->p != p) continue;
+        struct prof_rec *r = *at;
+        *at = r->next;
+        r->next = prof_spare;
+        prof_spare = r;
+        break;
+    }
+    hak_unlock(&prof_lock);
+}
+
+/* ---- the dump ----------------------------------------------------------------
+ * pprof's heap-profile text (gperftools' heap-profiler): a header with the
+ * totals, a line per stack (pprof adds up lines of the same stack), then
+ * /proc/self/maps for the symbols. "heapprofile" says the figures are
+ * estimates already: pprof does not scale them again. The bracketed
+ * allocated totals are not kept (0): only the in-use views mean anything. */
+
+/* Append s, emptying b into fd first when it might not fit. */
+static void prof_put(struct diag_buf *b, int fd, bool *ok, const char *s) {
+    if (b->n + strlen(s) > sizeof b->s && !diag_flush(b, fd)) *ok = false;
+    diag_str(b, s);
+}
+
+static void prof_put_u64(struct diag_buf *b, int fd, bool *ok, uint64_t v) {
+    if (b->n + 24 > sizeof b->s && !diag_flush(b, fd)) *ok = false;
+    diag_u64(b, v);
+}
+
+static void prof_put_hex(struct diag_buf *b, int fd, bool *ok, uint64_t v) {
+    if (b->n + 24 > sizeof b->s && !diag_flush(b, fd)) *ok = false;
+    diag_hex(b, v);
+}
+
+/* "N: BYTES [0: 0] @" */
+static void prof_put_counts(struct diag_buf *b, int fd, bool *ok, uint64_t n, uint64_t bytes) {
+    prof_put_u64(b, fd, ok, n);
+    prof_put(b, fd, ok, ": ");
+    prof_put_u64(b, fd, ok, bytes);
+    prof_put(b, fd, ok, " [0: 0] @");
+}
+
+static void prof_put_maps(struct diag_buf *b, int fd, bool *ok) {
+    prof_put(b, fd, ok, "\nMAPPED_LIBRARIES:\n");
+    if (!diag_flush(b, fd)) *ok = false;
+    int in = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (in < 0) {
+        *ok = false;
+        return;
+    }
+    ssize_t got;
+    while ((got = read(in, b->s, sizeof b->s)) > 0) {
+        b->n = (size_t)got;
+        if (!diag_flush(b, fd)) *ok = false;
+    }
+    if (got < 0) *ok = false;
+    close(in);
+}
+
+/* path with each %p replaced by the process id (and %% by %). */
+static bool prof_expand(const char *path, char *out, size_t len) {
+    struct diag_buf b = {.n = 0};
+    for (const char *c = path; *c; c++) {
+        if (c[0] == '%' && c[1] == 'p') {
+            diag_u64(&b, (uint64_t)getpid());
+            c++;
+        } else {
+            char one[2] = {c[0], '\0'};
+            diag_str(&b, one);
+            if (c[0] == '%' && c[1] == '%') c++;
+        }
+    }
+    if (b.n >= len || b.n >= sizeof b.s) return false;
+    memcpy(out, b.s, b.n);
+    out[b.n] = '\0';
+    return true;
+}
+
+int prof_dump(const char *path) {
+    if (!prof_on) {
+        errno = EINVAL;
+        return -1;
+    }
+    char name[sizeof prof_file];
+    if (!prof_expand(path != NULL ? path : prof_file, name, sizeof name)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    struct diag_buf b = {.n = 0};
+    bool ok = true;
+    hak_lock(&prof_lock);
+    uint64_t total_n = 0, total_bytes = 0;
+    for (uint32_t i = 0; i < PROF_BUCKETS; i++)
+        for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
+            if (r->depth == 0) continue; /* no stack: nothing pprof could show */
+            total_n += (uint64_t)(r->scale + 0.5);
+            total_bytes += (uint64_t)((double)r->n * r->scale + 0.5);
+        }
+    prof_put(&b, fd, &ok, "heap profile: ");
+    prof_put_counts(&b, fd, &ok, total_n, total_bytes);
+    prof_put(&b, fd, &ok, " heapprofile\n");
+    for (uint32_t i = 0; i < PROF_BUCKETS; i++)
+        for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
+            if (r->depth == 0) continue;
+            prof_put_counts(&b, fd, &ok, (uint64_t)(r->scale + 0.5),
+                            (uint64_t)((double)r->n * r->scale + 0.5));
+            for (uint32_t f = 0; f < r->depth; f++) {
+                prof_put(&b, fd, &ok, " ");
+                prof_put_hex(&b, fd, &ok, (uintptr_t)r->pc[f]);
+            }
+            prof_put(&b, fd, &ok, "\n");
+        }
+    hak_unlock(&prof_lock);
+    prof_put_maps(&b, fd, &ok);
+    int saved = errno;
+    if (close(fd) != 0) ok = false;
+    if (!ok) {
+        errno = saved != 0 ? saved : EIO;
+        return -1;
+    }
+    return 0;
+}
+
+void prof_exit(void) {
+    if (!prof_on || prof_dump(NULL) == 0) return;
+    struct diag_buf b = {.n = 0};
+    diag_str(&b, "hakmem: could not write the heap profile to '");
+    diag_str(&b, prof_file);
+    diag_str(&b, "' (errno ");
+    diag_u64(&b, (uint64_t)errno);
+    diag_str(&b, ")\n");
+    diag_flush(&b, 2);
+}
+
+void prof_fork_prepare(void) {
+    hak_lock(&prof_lock);
+}
+
+void prof_fork_release(void) {
+    hak_unlock(&prof_lock);
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The heap profiler as a user runs it: HAKMEM_PROF=1, then google-pprof
+# (Debian's google-perftools) on the profile written at exit.
+#  - tests/prof/prof_prog.c holds known live bytes in four functions (malloc,
+#    calloc, aligned_alloc, and a Large malloc in a thread; part of what each
+#    allocated freed): `google-pprof --text` must rank them as their true
+#    live bytes rank and give each within 20% of them;
+#  - hak_prof_dump(path) writes the same at any time; --collapsed and --svg
+#    read it;
+#  - HAKMEM_PROF_FILE's %p is the pid, and a forked child writes its own;
+#  - sampling every allocation (HAKMEM_PROF_SAMPLE=1) runs real programs
+#    (a shell, python3, a threaded test) to the end: the unwinder's own
+#    allocations are not sampled, nothing deadlocks;
+#  - with HAKMEM_PROF unset no profile is written and hak_prof_dump says
+#    EINVAL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL check_prof: $*"; exit 1; }
+lib=$PWD/out/release/libhakmem.so
+[ -r "$lib" ] || fail "no $lib (make release)"
+command -v google-pprof >/dev/null || fail "google-pprof missing (tests/deps.sh installs google-perftools)"
+
+cc -O1 -g -pthread tests/prof/prof_prog.c -o "$tmp/prog" -ldl || fail "cannot build prof_prog"
+cd "$tmp"
+
+# 1. Exit profile: ranks and sizes. A 16 KiB mean gap gives each function
+# hundreds of samples: a 20% error is over 4 standard deviations.
+HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=16384 HAKMEM_PROF_FILE="$tmp/exit.%p.heap" LD_PRELOAD=$lib \
+  ./prog "$tmp/dump.heap" >truth.txt || fail "prof_prog failed"
+profs=("$tmp"/exit.*.heap)
+[ ${#profs[@]} -eq 1 ] && [ -s "${profs[0]}" ] || fail "no profile at exit (${profs[*]})"
+pid=${profs[0]##*/exit.}
+pid=${pid%.heap}
+[[ $pid =~ ^[0-9]+$ ]] || fail "%p not replaced by a pid: ${profs[0]}"
+for prof in "${profs[0]}" "$tmp/dump.heap"; do
+  google-pprof --text --inuse_space ./prog "$prof" >text.txt 2>pprof.err || {
+    cat pprof.err
+    fail "google-pprof --text failed on $prof"
+  }
+  python3 - truth.txt text.txt "$prof" <<'PY' || fail "profile $prof does not match (above)"
+import sys
+truth = {l.split()[0]: int(l.split()[1]) / 2**20 for l in open(sys.argv[1])}
+flat = {}
+for line in open(sys.argv[2]):
+    f = line.split()
+    if len(f) == 6 and f[5] in truth:
+        flat[f[5]] = float(f[0])  # flat MB (MiB) in use
+ok = True
+for name, mib in sorted(truth.items(), key=lambda kv: -kv[1]):
+    got = flat.get(name)
+    err = None if got is None else (got - mib) / mib
+    print(f"  {name:16} true {mib:7.2f} MiB  pprof {got} MiB  error {err if err is None else f'{err:+.1%}'}")
+    if got is None or abs(err) > 0.20:
+        ok = False
+if sorted(truth, key=truth.get) != sorted(flat, key=flat.get):
+    print("  ranked wrong:", sorted(flat, key=flat.get, reverse=True))
+    ok = False
+sys.exit(0 if ok else 1)
+PY
+done
+google-pprof --collapsed ./prog "$tmp/dump.heap" >collapsed.txt 2>/dev/null || fail "--collapsed failed"
+grep -Eq ';aligned_blocks[< ]' collapsed.txt || fail "--collapsed has no aligned_blocks stack"
+google-pprof --svg ./prog "$tmp/dump.heap" >graph.svg 2>/dev/null || fail "--svg failed"
+grep -q '<svg' graph.svg && grep -q 'aligned_blocks' graph.svg || fail "--svg made no graph"
+
+# 2. A forked child writes a profile of its own.
+cat >fork.c <<'C'
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(void) {
+    void *p = malloc(1 << 20);
+    if (fork() == 0) { /* _exit: no destructor, no profile */
+        free(malloc(1 << 20));
+        _exit(0);
+    }
+    if (fork() == 0) return malloc(1 << 21) == NULL; /* a child that exits: its own profile */
+    while (wait(NULL) > 0) {
+    }
+    free(p);
+    return 0;
+}
+C
+cc -O1 fork.c -o fork
+mkdir forks
+HAKMEM_PROF=1 HAKMEM_PROF_FILE="$tmp/forks/%p.heap" LD_PRELOAD=$lib ./fork || fail "fork program failed"
+n=$(find forks -name '*.heap' | wc -l)
+[ "$n" -eq 2 ] || fail "expected 2 profiles (parent, exiting child), got $n"
+
+# 3. Every allocation sampled: real programs still run to their end.
+export HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 HAKMEM_PROF_FILE="$tmp/all.%p.heap"
+LD_PRELOAD=$lib sh -c 'for i in 1 2 3; do echo $i; done | sort -r >/dev/null' || fail "sh failed sampling all"
+LD_PRELOAD=$lib python3 -c 'import json; json.dumps([{"a": str(i)} for i in range(20000)])' \
+  || fail "python3 failed sampling all"
+LD_PRELOAD=$lib timeout 300 "$OLDPWD/out/tests/test_threads" >threads.log 2>&1 || {
+  tail threads.log
+  fail "test_threads failed sampling all"
+}
+unset HAKMEM_PROF HAKMEM_PROF_SAMPLE HAKMEM_PROF_FILE
+
+# 4. Off: nothing written, and hak_prof_dump says EINVAL.
+mkdir off
+(cd off && LD_PRELOAD=$lib ../prog "$tmp/off/x.heap" >/dev/null 2>err.txt) && fail "hak_prof_dump succeeded with the profiler off"
+grep -q 'Invalid argument' off/err.txt || fail "hak_prof_dump off: $(cat off/err.txt)"
+[ -z "$(find off -name '*.heap')" ] || fail "a profile was written with the profiler off"
+echo "PASS check_prof"
