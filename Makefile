@@ -78,6 +78,14 @@ out/release/hakmem: tools/hakmem.c Makefile
 		-DHAKMEM_SONAME='"libhakmem.so.$(SOMAJOR)"' -DHAKMEM_LIBDIR_REL='"$(CMD_LIBDIR_REL)"' \
 		$< -o $@
 
+# make install also installs it (PREFIX/bin) and its man page.
+.PHONY: install-cmd
+install: install-cmd
+install-cmd: out/release/hakmem
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 755 out/release/hakmem $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 docs/hakmem.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+
 # ---- tests -------------------------------------------------------------------
 # Each tests/test_*.c is a cmocka program linked statically against the debug
 # library, so its malloc/free are hakmem's.
