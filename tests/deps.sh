@@ -5,9 +5,9 @@ set -euo pipefail
 
 # clang and its runtimes: the sanitizer builds and libFuzzer (make checked);
 # llvm: llvm-symbolizer for their reports; cppcheck (and gcc -fanalyzer):
-# tests/check_analyzer.sh.
+# tests/check_analyzer.sh; groff-base: the man page in tests/check_command.sh.
 pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk pkg-config cmake
-    clang libclang-rt-14-dev llvm cppcheck)
+    clang libclang-rt-14-dev llvm cppcheck groff-base)
 
 missing=()
 for p in "${pkgs[@]}"; do
