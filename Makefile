@@ -63,8 +63,28 @@ $(eval $(call lib_rules,ubsan,UBSAN_CFLAGS,SAN_CC))
 $(eval $(call lib_rules,tsan,TSAN_CFLAGS,SAN_CC))
 $(eval $(call lib_rules,fuzz,FUZZ_CFLAGS,SAN_CC))
 
-release: out/release/libhakmem.so out/release/libhakmem.a
+release: out/release/libhakmem.so out/release/libhakmem.a out/release/hakmem
 debug: out/debug/libhakmem.so out/debug/libhakmem.a
+
+# ---- the hakmem command (docs/hakmem.1) ----------------------------------------
+# It preloads the library found at CMD_LIBDIR_REL from its own directory (the
+# install layout: bin/ -> the lib directory install uses) or beside itself
+# (the build tree: out/release).
+CMD_LIBDIR_REL := ../lib
+
+out/release/hakmem: tools/hakmem.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -DHAKMEM_VERSION='"$(VERSION)"' \
+		-DHAKMEM_SONAME='"libhakmem.so.$(SOMAJOR)"' -DHAKMEM_LIBDIR_REL='"$(CMD_LIBDIR_REL)"' \
+		$< -o $@
+
+# make install also installs it (PREFIX/bin) and its man page.
+.PHONY: install-cmd
+install: install-cmd
+install-cmd: out/release/hakmem
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 755 out/release/hakmem $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 docs/hakmem.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 
 # ---- tests -------------------------------------------------------------------
 # Each tests/test_*.c is a cmocka program linked statically against the debug
@@ -211,7 +231,8 @@ install: release
 	done
 
 format:
-	clang-format -i $(SRCS) $(HDRS) $(TEST_SRCS) $(BENCH_SRCS) tests/test_cxx.cc tests/real/*.cpp
+	clang-format -i $(SRCS) $(HDRS) $(TEST_SRCS) $(BENCH_SRCS) tests/test_cxx.cc tests/real/*.cpp \
+		tools/*.c
 
 clean:
 	rm -rf out

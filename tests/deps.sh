@@ -6,9 +6,10 @@ set -euo pipefail
 # clang and its runtimes: the sanitizer builds and libFuzzer (make checked);
 # llvm: llvm-symbolizer for their reports; cppcheck (and gcc -fanalyzer):
 # tests/check_analyzer.sh; google-perftools (google-pprof) and graphviz (its
-# --svg): tests/check_prof.sh reads heap profiles as a user would.
+# --svg): tests/check_prof.sh reads heap profiles as a user would; groff-base:
+# the man page in tests/check_command.sh.
 pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk pkg-config cmake
-    clang libclang-rt-14-dev llvm cppcheck google-perftools graphviz)
+    clang libclang-rt-14-dev llvm cppcheck google-perftools graphviz groff-base)
 
 missing=()
 for p in "${pkgs[@]}"; do
