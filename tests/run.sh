@@ -115,8 +115,9 @@ done
 HAKMEM_CHECK=1 run_bins "$checked_bins"
 
 # Project checks, one test each: OS calls only in the OS boundary; make
-# install + pkg-config produce a working shared and static link.
-for check in tests/check_os_boundary.sh tests/check_install.sh; do
+# install + pkg-config produce a working shared and static link; the bench
+# report's ratios and chart (bench/chart.py) from synthetic results.
+for check in tests/check_os_boundary.sh tests/check_install.sh tests/check_bench_report.sh; do
     if "$check"; then
         passed=$((passed + 1))
     else
