@@ -262,14 +262,13 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
                 if not v:
                     continue
                 xv = ax.x(v)
-                what = ("throughput", "peak RSS")[i]
+                label = fmt_ratio(v)
+                tip = f"{w}: {a} {('throughput', 'peak RSS')[i]} / {base} = {label}"
                 svg.add(f'<rect class="bar" x="{min(x1, xv):.1f}" y="{by:.1f}" '
                         f'width="{max(abs(xv - x1), 1):.1f}" height="{bar_h}" '
                         f'fill="{colour[a]}" data-workload={quoteattr(w)} '
                         f'data-allocator={quoteattr(a)} data-panel="{("ops", "rss")[i]}" '
-                        f'data-ratio="{v:.6g}"><title>{escape(f"{w}: {a} {what} / {base} = {fmt_ratio(v)}")}'
-                        f'</title></rect>')
-                label = fmt_ratio(v)
+                        f'data-ratio="{v:.6g}"><title>{escape(tip)}</title></rect>')
                 if v >= 1:
                     svg.text(xv + 3, by + bar_h - 0.5, label, size=9, fill="#222")
                 else:
