@@ -9,7 +9,8 @@ reading functions) and writes:
 - DIR/report.svg: two panels sharing the workload rows, each allocator's
   median ops/s / mimalloc's (higher is better) and median peak RSS /
   mimalloc's (lower is better), one horizontal bar per allocator on a log
-  scale, drawn from the reference line at 1 (= mimalloc);
+  scale, drawn from the reference line at 1 (= mimalloc), its value at its
+  end; the axes span at most 0.01x-100x, bars beyond are cut at the end;
 - DIR/report.md: the machine and library versions, the chart (a relative
   link to report.svg) and the same ratios as two tables.
 
@@ -37,6 +38,9 @@ SPARE = ["#E69F00", "#CC79A7", "#56B4E9", "#000000", "#999999", "#F0E442"]
 
 SANS = "DejaVu Sans, Liberation Sans, Arial, Helvetica, sans-serif"
 MONO = "DejaVu Sans Mono, Liberation Mono, Consolas, Menlo, monospace"
+# The axes stop at 10^CLIP_LO and 10^CLIP_HI: bars beyond end there, broken
+# by two white strokes, with their value written after them.
+CLIP_LO, CLIP_HI = -2, 2
 CHAR_W = 0.61  # width of a monospace character, in ems (DejaVu Sans Mono: 0.602)
 
 
@@ -89,16 +93,23 @@ def cells(workloads, allocs, runs, med, base):
 
 
 class Axis:
-    """A log10 axis over whole decades [10^lo, 10^hi] mapped to [x0, x1]."""
+    """A log10 axis over whole decades [10^lo, 10^hi] mapped to [x0, x1]: the
+    decades the values span, at least 0.1x-10x, at most 10^CLIP_LO-10^CLIP_HI
+    (one realloc row at 20000x would otherwise squeeze every 1.1x to a few
+    pixels); x() clamps the values beyond, clipped() tells which."""
 
     def __init__(self, values, x0, x1):
         vs = [v for v in values if v and v > 0]
-        self.lo = min(-1, math.floor(math.log10(min(vs))) if vs else -1)
-        self.hi = max(1, math.ceil(math.log10(max(vs))) if vs else 1)
+        self.lo = max(CLIP_LO, min(-1, math.floor(math.log10(min(vs))) if vs else -1))
+        self.hi = min(CLIP_HI, max(1, math.ceil(math.log10(max(vs))) if vs else 1))
         self.x0, self.x1 = x0, x1
 
+    def clipped(self, v):
+        return not 10.0 ** self.lo <= v <= 10.0 ** self.hi
+
     def x(self, v):
-        return self.x0 + (math.log10(v) - self.lo) / (self.hi - self.lo) * (self.x1 - self.x0)
+        d = min(max(math.log10(v), self.lo), self.hi)
+        return self.x0 + (d - self.lo) / (self.hi - self.lo) * (self.x1 - self.x0)
 
     def ticks(self):
         """(value, label or None, major) for the decades, and 2 and 5 times
@@ -237,6 +248,7 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
         svg.line(ax.x0 - inner, top, ax.x1 + inner, top, stroke="#666")
 
     # Bars.
+    clipped = [False, False]
     for k, w in enumerate(workloads):
         ry = top + k * row_h + row_pad / 2 + (pitch - bar_h) / 2
         nobase = [cell[(w, a)][1] for a in bars if cell[(w, a)][0] == "no base"]
@@ -269,6 +281,12 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
                         f'fill="{colour[a]}" data-workload={quoteattr(w)} '
                         f'data-allocator={quoteattr(a)} data-panel="{("ops", "rss")[i]}" '
                         f'data-ratio="{v:.6g}"><title>{escape(tip)}</title></rect>')
+                if ax.clipped(v):
+                    clipped[i] = True
+                    sx = xv - 9 if v > 1 else xv + 5
+                    for dx in (0, 4):
+                        svg.add(f'<path class="cut" d="M{sx + dx:.1f} {by + bar_h + 1:.1f} '
+                                f'l3 {-bar_h - 2}" stroke="#fff" stroke-width="1.5"/>')
                 if v >= 1:
                     svg.text(xv + 3, by + bar_h - 0.5, label, size=9, fill="#222")
                 else:
@@ -283,7 +301,8 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
     for i, ax in enumerate(axes):
         cx = px0[i] + panel_w / 2
         what = ("median ops/s", "median peak RSS")[i]
-        svg.text(cx, bottom + 34, f"{what} / {base}'s (log scale; 1x = {base})",
+        cut = "; // = bar cut at the axis' end" if clipped[i] else ""
+        svg.text(cx, bottom + 34, f"{what} / {base}'s (log scale; 1x = {base}{cut})",
                  size=12, anchor="middle")
     height = bottom + 34 + pad
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height:.0f}" '

@@ -4,7 +4,8 @@
 # failed run, "not run" for one missing from a workload and n/a where
 # mimalloc itself failed; report.svg parses as XML and has exactly one bar
 # per allocator and panel where there is a ratio, with the right workload,
-# allocator and ratio, and the labels (workloads, legend, FAILED). Without
+# allocator and ratio, the labels (workloads, legend, FAILED, ticks) and cut
+# marks on the bars beyond the axes' 0.01x-100x. Without
 # mimalloc results it writes no SVG and says so. Prints PASS/FAIL lines.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -126,10 +127,14 @@ if doc:
     alltext = "\n".join(texts)
     for s in ("w_a", "w_b", "w_c", "glibc 2.36", "hakmem 0.1.0 (abc1234)", "jemalloc 5.3.0-1",
               "mi3 (libmimalloc-3.4.3.so)", "hakmem FAILED 1/3", "jemalloc not run",
-              "mimalloc FAILED 1/2", "higher is better", "lower is better", "1x", "1000x",
-              "0.001x", "log scale"):
+              "mimalloc FAILED 1/2", "higher is better", "lower is better", "1x", "0.01x",
+              "100x", "1000x", "0.003x", "log scale"):
         check(s in alltext, f"report.svg: no text '{s}'")
     check(texts.count("hakmem FAILED 1/3") == 2, "report.svg: FAILED not shown in both panels")
+    # The axes stop at 0.01x and 100x: w_b's glibc bars (0.003x, 1000x) are
+    # cut there, two strokes each.
+    cuts = [p for p in doc.getElementsByTagName("path") if p.getAttribute("class") == "cut"]
+    check(len(cuts) == 4, f"report.svg: {len(cuts)} cut marks, want 4 (2 bars beyond the axes)")
 
 import os
 nb = open(f"{d}/nobase/report.md").read()
