@@ -64,18 +64,25 @@ def render(rows, align):
     return "\n".join([fmt(rows[0]), sep] + [fmt(r) for r in rows[1:]])
 
 
-def main():
-    d = sys.argv[1] if len(sys.argv) > 1 else "out/bench"
-    results = read_tsv(os.path.join(d, "results.tsv"))
-    failures = read_tsv(os.path.join(d, "failures.tsv"))
-    meta = read_meta(os.path.join(d, "meta.tsv"))
-    if not results:
-        print(f"report.py: no results in {d}/results.tsv", file=sys.stderr)
-        return 1
+def load(d):
+    """The results of one bench/run.sh session in DIR d: (results, failures,
+    meta), the rows of results.tsv and failures.tsv as dicts and meta.tsv as
+    key -> [values]."""
+    return (read_tsv(os.path.join(d, "results.tsv")), read_tsv(os.path.join(d, "failures.tsv")),
+            read_meta(os.path.join(d, "meta.tsv")))
 
-    # Workloads in run order; allocators in the canonical order, then any others.
+
+def summarize(results):
+    """Group results.tsv's rows and take medians. Returns (workloads, allocs,
+    extras, runs, med): workloads in run order; allocators in the canonical
+    order (ORDER), then any others by name; extras, the allocators not in ORDER
+    (BENCH_EXTRA, hakmem-check) in run order; runs[(workload, allocator)], a
+    list of (ops, rss, faults) per run, None for a failed run's values;
+    med[(workload, allocator)] = (ops, rss, spread, faults), medians over the
+    runs (faults None when not recorded), or None if any run failed. A
+    (workload, allocator) pair that never ran is in neither."""
     workloads, allocs = [], []
-    runs = {}  # (workload, allocator) -> list of (ops or None, rss or None)
+    runs = {}
     for r in results:
         w, a = r["workload"], r["allocator"]
         if w not in workloads:
@@ -89,10 +96,8 @@ def main():
              float(flt) if ok and flt not in ("-", "", None) else None))
     extras = [a for a in allocs if a not in ORDER]  # BENCH_EXTRA, in run order
     allocs.sort(key=lambda a: (ORDER.index(a) if a in ORDER else len(ORDER), a))
-    baselines = [b for b in BASELINES if b in allocs] + extras
-    rss_baselines = [b for b in ["mimalloc"] + extras if b in allocs]
 
-    med = {}  # (workload, allocator) -> (ops, rss, spread, faults), or None if any run failed
+    med = {}
     for key, rs in runs.items():
         ops = [o for o, _, _ in rs if o is not None]
         if len(ops) < len(rs):
@@ -103,6 +108,40 @@ def main():
         flts = [f for _, _, f in rs if f is not None]
         med[key] = (m, statistics.median(s for _, s, _ in rs), spread,
                     statistics.median(flts) if flts else None)
+    return workloads, allocs, extras, runs, med
+
+
+def meta_first(meta, key, dflt="?"):
+    return meta.get(key, [dflt])[0]
+
+
+def machine_lines(meta):
+    """Markdown list items for the machine, the library versions and the
+    allocators skipped, from meta.tsv."""
+    first = lambda k: meta_first(meta, k)
+    out = [f"- machine: nproc {first('nproc')}, {first('kernel')}, CPU {first('cpu')}"
+           + (f", pinned to {first('pinned')}" if "pinned" in meta else ""),
+           "- libraries: " + "; ".join(meta.get("version", []))]
+    out += [f"- skipped: {s}" for s in meta.get("skipped", [])]
+    return out
+
+
+def failed_runs(runs, key):
+    """'FAILED k/N' for (workload, allocator) key."""
+    nfail = sum(1 for o, _, _ in runs[key] if o is None)
+    return f"FAILED {nfail}/{len(runs[key])}"
+
+
+def main():
+    d = sys.argv[1] if len(sys.argv) > 1 else "out/bench"
+    results, failures, meta = load(d)
+    if not results:
+        print(f"report.py: no results in {d}/results.tsv", file=sys.stderr)
+        return 1
+
+    workloads, allocs, extras, runs, med = summarize(results)
+    baselines = [b for b in BASELINES if b in allocs] + extras
+    rss_baselines = [b for b in ["mimalloc"] + extras if b in allocs]
 
     have_hakmem = "hakmem" in allocs
     header = ["workload", "allocator", "Mops/s", "spread", "RSS KiB", "faults"]
@@ -119,8 +158,7 @@ def main():
             m = med[(w, a)]
             label = w if i == 0 or all((w, x) not in runs for x in allocs[:i]) else ""
             if m is None:
-                nfail = sum(1 for o, _, _ in runs[(w, a)] if o is None)
-                row = [label, a, f"FAILED {nfail}/{len(runs[(w, a)])}", "", "", ""]
+                row = [label, a, failed_runs(runs, (w, a)), "", "", ""]
             else:
                 row = [label, a, mops(m[0]), f"{100 * m[2]:.1f}%", f"{m[1]:.0f}",
                        "-" if m[3] is None else f"{m[3]:.0f}"]
@@ -136,15 +174,11 @@ def main():
                     row += [""] * (len(baselines) + len(rss_baselines))
             rows.append(row)
 
-    first = lambda k, dflt="?": meta.get(k, [dflt])[0]
     out = []
-    out.append(f"## hakmem benchmark ({first('date')})")
+    out.append(f"## hakmem benchmark ({meta_first(meta, 'date')})")
     out.append("")
-    out.append(f"- machine: nproc {first('nproc')}, {first('kernel')}, CPU {first('cpu')}"
-               + (f", pinned to {first('pinned')}" if "pinned" in meta else ""))
-    out.append("- libraries: " + "; ".join(meta.get("version", [])))
-    for s in meta.get("skipped", []):
-        out.append(f"- skipped: {s}")
+    out += machine_lines(meta)
+    first = lambda k: meta_first(meta, k)
     out.append(f"- {first('runs')} interleaved runs per cell. Mops/s and RSS KiB: medians over "
                "the runs of ops/s (in millions), of peak RSS and of page faults (minor + major, "
                "getrusage); spread: (max-min)/median of ops/s")

@@ -12,7 +12,8 @@
 #                                (e.g. mi3=../shared/anchors/libmimalloc-3.4.3.so)
 #
 # Writes out/bench/results.tsv (one row per run: ops/s, peak RSS, page faults), out/bench/table.md (the
-# table printed at the end), out/bench/logs/ (each run's output). Exits
+# table printed at the end), out/bench/report.md and report.svg (ratios to
+# mimalloc, bench/chart.py), out/bench/logs/ (each run's output). Exits
 # non-zero if any bench run failed (crash, timeout, no Throughput line).
 set -euo pipefail
 
@@ -266,6 +267,8 @@ echo "bench/run.sh: done in $((SECONDS - t_start))s" >&2
 
 # ---- table --------------------------------------------------------------------
 python3 bench/report.py "$OUT" | tee "$OUT/table.md"
+# The same as ratios to mimalloc: a chart and its tables.
+python3 bench/chart.py "$OUT"
 
 if [ $nfail -gt 0 ]; then
     echo "bench/run.sh: $nfail bench run(s) FAILED; see $FAILURES and $OUT/logs/" >&2

@@ -117,9 +117,10 @@ HAKMEM_CHECK=1 run_bins "$checked_bins"
 # Project checks, one test each: OS calls only in the OS boundary; make
 # install + pkg-config produce a working shared and static link; the hakmem
 # command runs programs on the library; the heap profiler's profiles read by
-# google-pprof.
+# google-pprof; the bench report's ratios and chart (bench/chart.py) from
+# synthetic results.
 for check in tests/check_os_boundary.sh tests/check_install.sh tests/check_command.sh \
-    tests/check_prof.sh; do
+    tests/check_prof.sh tests/check_bench_report.sh; do
     if "$check"; then
         passed=$((passed + 1))
     else
