@@ -6,6 +6,7 @@
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/stats.h"
+#include "box/usage.h"
 #include "check.h"
 #include "large.h"
 #include "pool.h"
@@ -44,6 +45,7 @@ static void life_thread_exit(void *unused) {
     l25_thread_flush();
     tc_thread_close();
     chk_thread_exit();
+    usage_thread_exit(); /* after the flushes above, which count */
 }
 
 /* Fork: take every allocator lock so the child never inherits one held by a
@@ -109,6 +111,7 @@ bool life_thread_arm(void) {
     life_arming = true;
     life_armed = pthread_setspecific(life_key, &life_armed) == 0; /* any non-NULL value */
     life_arming = false;
+    if (life_armed) usage_thread_start(); /* the hook publishes what is pending */
     return life_armed;
 }
 
