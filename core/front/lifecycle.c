@@ -5,9 +5,9 @@
 #include "box/diag.h"
 #include "box/lock.h"
 #include "box/os.h"
-#include "box/stats.h"
 #include "box/usage.h"
 #include "check.h"
+#include "front/report.h"
 #include "large.h"
 #include "pool.h"
 #include "l25.h"
@@ -123,5 +123,5 @@ __attribute__((constructor)) static void life_start(void) {
 
 __attribute__((destructor)) static void life_end(void) {
     chk_exit(); /* what waits in quarantine was not written since its free */
-    if (hak_cfg.stats) stats_print(2);
+    if (hak_cfg.stats) report_exit();
 }
