@@ -485,6 +485,9 @@ HAK_API int hak_malloc_trim(size_t pad) {
 HAK_API void hak_malloc_stats(void) {
     report_text(2);
 }
+HAK_API int hak_stats_json(char *buf, size_t len) {
+    return (int)report_json(buf, len);
+}
 HAK_API struct mallinfo2 hak_mallinfo2(void) {
     struct l25_stats s;
     struct large_stats l;

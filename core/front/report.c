@@ -1,13 +1,17 @@
 #include "front/report.h"
 
 #include "box/arena.h"
+#include "box/config.h"
 #include "box/os.h"
 #include "box/stats.h"
+#include "box/usage.h"
 #include "large.h"
 #include "l25.h"
 #include "pool.h"
 #include "superslab/ss.h"
 #include "tiny.h"
+
+#include <unistd.h>
 
 /* Room for the rows report_gather adds (45), and some to spare. */
 #define REPORT_MAX_ROWS 64
@@ -38,6 +42,11 @@ static void report_gather(struct report *p) {
     large_get_stats(&l);
     arena_get_stats(&a);
     p->r = (struct stats_report){
+        .pid = getpid(),
+        .in_use = usage_current(),
+        .in_use_peak = usage_peak(),
+        .mapped = os_mapped(),
+        .mapped_peak = os_mapped_peak(),
         .classes = p->classes,
         .nclasses = TINY_NCLASSES,
         .rows = p->rows,
@@ -105,6 +114,19 @@ void report_text(int fd) {
     stats_text(fd, &p.r);
 }
 
+size_t report_json(char *buf, size_t len) {
+    struct report p;
+    report_gather(&p);
+    return stats_json(&p.r, buf, len);
+}
+
 void report_exit(void) {
-    report_text(2);
+    struct report p;
+    report_gather(&p);
+    int fd = stats_open(hak_cfg.stats_file);
+    if (hak_cfg.stats == HAK_STATS_JSON)
+        stats_json_fd(fd, &p.r);
+    else
+        stats_text(fd, &p.r);
+    if (fd != 2) close(fd);
 }

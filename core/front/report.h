@@ -8,7 +8,9 @@
 
 /* The text report on fd (malloc_stats). */
 void report_text(int fd);
-/* At exit (HAKMEM_STATS=1), on stderr. */
+/* The JSON object into buf, with snprintf's contract (hak_stats_json). */
+size_t report_json(char *buf, size_t len);
+/* At exit, as HAKMEM_STATS and HAKMEM_STATS_FILE say. */
 void report_exit(void);
 
 #endif
