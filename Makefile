@@ -4,7 +4,8 @@
 CC      ?= cc
 CXX     ?= g++
 PREFIX  ?= /usr/local
-VERSION := 0.1.0
+# The version is HAKMEM_VERSION in the public header: one place to change.
+VERSION := $(shell sed -n 's/^\#define HAKMEM_VERSION "\(.*\)"/\1/p' include/hakmem.h)
 SOMAJOR := 0
 
 SRCS := $(wildcard core/*.c core/box/*.c core/front/*.c core/superslab/*.c)

@@ -121,7 +121,7 @@ for a in "${allocs[@]}"; do
     case $a in
     glibc) VER[$a]="glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')" ;;
     hakmem | hakmem-check | hakmem-prof)
-        v=$(sed -n 's/^VERSION *:= *//p' Makefile)
+        v=$(sed -n 's/^#define HAKMEM_VERSION "\(.*\)"/\1/p' include/hakmem.h)
         rev=$(git rev-parse --short HEAD 2>/dev/null || echo "no commit")
         if [ -n "$(git status --porcelain -- core include Makefile 2>/dev/null)" ]; then
             rev="$rev+dirty"

@@ -6,6 +6,7 @@
 #include "box/os.h"
 #include "box/rmap.h"
 #include "box/secret.h"
+#include "box/usage.h"
 #include "front/lifecycle.h"
 #include "sizeclass.h"
 
@@ -552,6 +553,7 @@ static void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
     chk_paint(u + n, slot + size, w); /* the tail */
     atomic_store_explicit(chk_word0(slot), chk_header(chk_key(slot), n, fam, CHK_LIVE, u - slot),
                           memory_order_release);
+    usage_add((int64_t)n); /* (in use: what was asked) */
     return (void *)u;
 }
 
@@ -640,6 +642,7 @@ static void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap, boo
     chk_paint(b->lo, b->u, chk_canary((uintptr_t)base));
     chk_big_tail(b);
     atomic_store_explicit(&b->state, CHK_LIVE, memory_order_release);
+    usage_add((int64_t)n);
     return (void *)b->u;
 }
 
@@ -921,6 +924,7 @@ static void chk_release_block_as(uintptr_t a, const struct chk_block *b, const c
         uint32_t live = CHK_LIVE;
         if (!atomic_compare_exchange_strong(&g->state, &live, CHK_FREED))
             diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, g->n);
+        usage_add(-(int64_t)g->n);
         chk_quarantine_big(g);
         return;
     }
@@ -930,6 +934,7 @@ static void chk_release_block_as(uintptr_t a, const struct chk_block *b, const c
     uint64_t freed = chk_header(b->key, b->s.n, b->s.fam, CHK_FREED, b->s.uoff);
     if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, freed))
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
+    usage_add(-(int64_t)b->s.n);
     memset((void *)(b->slot + CHK_HDR), chk_wipe_byte, b->size - CHK_HDR);
     bool lent;
     struct chk_thread *t = chk_thread_get(&lent);
@@ -993,12 +998,14 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
         if (n < b.s.n) chk_paint(a + n, a + b.s.n, chk_canary(b.slot));
         atomic_store_explicit(chk_word0(b.slot), chk_header(b.key, n, b.s.fam, CHK_LIVE, b.s.uoff),
                               memory_order_release);
+        usage_add((int64_t)n - (int64_t)b.s.n);
         return p;
     }
     if (b.sub == CHK_BIG) {
         struct chk_big *g = (struct chk_big *)b.slot;
         size_t room = g->end - a;
         if (n <= room && n > room / 4 && n + CHK_HDR + 1 > CHK_SLOT_MAX) {
+            usage_add((int64_t)n - (int64_t)g->n);
             g->n = n;
             chk_big_tail(g);
             return p;

@@ -6,6 +6,7 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/usage.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -396,6 +397,7 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
     }
     uint32_t got = l25_take_from(s, b, out, want);
     hak_unlock(&s->lock);
+    usage_add((int64_t)got * small_class_size[cls]);
     if (todo.n) l25_release(s, &todo);
     return got;
 }
@@ -449,6 +451,7 @@ static void l25_put(struct l25_bundle *b, void *p) {
     struct l25_shard *s = &l25_shards[b->cls][b->shard];
     size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
     struct l25_todo todo = {.n = 0};
+    usage_add(-(int64_t)b->size);
     hak_lock(&s->lock);
     s->flushes++;
     s->carved_bytes -= b->size;

@@ -13,6 +13,7 @@
 #include "box/os.h"
 #include "box/prof.h"
 #include "box/rmap.h"
+#include "box/usage.h"
 #include "sizes.h"
 
 #include <assert.h>
@@ -157,6 +158,13 @@ static _Atomic uint64_t large_n_allocs, large_n_frees, large_n_hits, large_n_inp
 
 static inline void large_add(_Atomic uint64_t *c, int64_t d) {
     atomic_fetch_add_explicit(c, (uint64_t)d, memory_order_relaxed);
+}
+
+/* The live blocks' mappings grew by d bytes (shrank, when negative): they
+ * are what the tier has in use (box/usage.h). */
+static inline void large_live_add(int64_t d) {
+    large_add(&large_live_bytes, d);
+    usage_add(d);
 }
 
 /* Alignment of the mapping itself: regions at least, more for big requests. */
@@ -591,7 +599,7 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
     if (zero && clean > off) memset(h->user, 0, clean - off < size ? clean - off : size);
     large_add(&large_n_allocs, 1);
     large_add(&large_live_blocks, 1);
-    large_add(&large_live_bytes, (int64_t)h->map_size);
+    large_live_add((int64_t)h->map_size);
     return h->user;
 }
 
@@ -671,7 +679,7 @@ void large_free(void *p, uint32_t entry, const char *fn) {
     if (h->growing) atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
     large_add(&large_n_frees, 1);
     large_add(&large_live_blocks, -1);
-    large_add(&large_live_bytes, -(int64_t)h->map_size);
+    large_live_add(-(int64_t)h->map_size);
     large_cache_put(h);
 }
 
@@ -704,7 +712,7 @@ static struct large_hdr *large_move(struct large_hdr *h, size_t need, size_t n) 
     dst->user = (uint8_t *)dst + off;
     dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
     large_add(&large_n_moved, 1);
-    large_add(&large_live_bytes, (int64_t)need - (int64_t)old);
+    large_live_add((int64_t)need - (int64_t)old);
     return dst;
 }
 
@@ -733,7 +741,7 @@ static bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
     rmap_mark_span(h, size, RMAP_LARGE);
     large_set_map_size(h, size, guarded, !got.decommitted);
     large_add(&large_n_inplace, 1);
-    large_add(&large_live_bytes, (int64_t)size - (int64_t)old);
+    large_live_add((int64_t)size - (int64_t)old);
     return true;
 }
 
@@ -766,7 +774,7 @@ static struct large_hdr *large_remap(struct large_hdr *h, size_t n, size_t need)
     large_set_map_size(h, need, false, false);
     h->req = n;
     large_add(&large_n_inplace, 1);
-    large_add(&large_live_bytes, (int64_t)need - (int64_t)old);
+    large_live_add((int64_t)need - (int64_t)old);
     return h;
 }
 
@@ -795,7 +803,7 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
      * range that mprotect split), and comes at the new end. */
     size_t had = h->map_size;
     if (!large_drop_guard(h, &h->map_size, &h->guarded)) return NULL;
-    large_add(&large_live_bytes, (int64_t)h->map_size - (int64_t)had);
+    large_live_add((int64_t)h->map_size - (int64_t)had);
     int saved = errno; /* a failed in-place attempt must not show in errno */
     struct large_hdr *to = large_remap(h, n, pages + LARGE_GUARD);
     errno = saved;

@@ -6,6 +6,7 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/usage.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -119,6 +120,9 @@ static void tiny_drain(struct ss_slab *s) {
     *(void **)last = s->free;
     s->free = list;
     s->used = (uint16_t)(s->used - n);
+    /* In use until here, not from the remote free: counted once a list
+     * rather than on every cross-thread free. */
+    usage_add(-(int64_t)n * s->size);
 }
 
 /* Blocks from slab s into the cache of cls, which is empty; how many moved.
@@ -176,6 +180,7 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
     }
     s->used = (uint16_t)(s->used + n);
     tiny_flow.refilled[cls] += n;
+    usage_add((int64_t)n * s->size);
     return n;
 }
 
@@ -262,6 +267,7 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
     void *last;
     void *b = tc_take(cls, n, &last);
     tiny_flow.flushed[cls] += n;
+    usage_add(-(int64_t)n * small_class_size[cls]);
     for (uint32_t i = 0; i < n; i++) {
         void *next = *(void **)b;
         struct ss_slab *s = ss_slab_of(b);

@@ -10,6 +10,8 @@
 #include <malloc.h> /* struct mallinfo2 */
 #include <stddef.h>
 
+#define HAKMEM_VERSION "0.1.0"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -30,6 +32,13 @@ void hak_free_aligned_sized(void *ptr, size_t alignment, size_t size);
 int hak_malloc_trim(size_t pad);
 void hak_malloc_stats(void);
 struct mallinfo2 hak_mallinfo2(void);
+
+/* The stats as one JSON object (docs/CONFIG.md, HAKMEM_STATS=json), at any
+ * time, from any thread, with snprintf's contract: returns the length of
+ * the whole object (without the terminating NUL) and writes at most len
+ * bytes into buf, NUL-terminated when len > 0, so a first call with len 0
+ * gives the size a buffer needs. Never allocates. */
+int hak_stats_json(char *buf, size_t len);
 
 /* Heap profiler (HAKMEM_PROF=1): write the sampled allocations in use now,
  * as estimates, in the heap-profile format pprof reads (`google-pprof

@@ -27,7 +27,7 @@ make -s release >/dev/null || {
 }
 hakmem=$PWD/out/release/hakmem
 lib=$PWD/out/release/libhakmem.so.0
-version=$(sed -n 's/^VERSION := //p' Makefile)
+version=$(sed -n 's/^#define HAKMEM_VERSION "\(.*\)"/\1/p' include/hakmem.h)
 # The settings the command sets must not come from the caller's environment.
 unset LD_PRELOAD HAKMEM_STATS HAKMEM_CHECK HAKMEM_PROF HAKMEM_PROF_FILE HAKMEM_BACKGROUND
 

@@ -67,7 +67,7 @@ grep -q "$tmp/moved/lib/libhakmem.so.0" <<<"$libs" || fail "app_cmake not linked
 # A major version the package is not must not be found.
 sed -i 's/find_package(hakmem 0.1 REQUIRED)/find_package(hakmem 1 REQUIRED)/' "$tmp/cmk/CMakeLists.txt"
 if cmake -S "$tmp/cmk" -B "$tmp/cmk/build1" -DCMAKE_PREFIX_PATH="$tmp/moved" >/dev/null 2>&1; then
-  fail "find_package(hakmem 1) accepted version $(sed -n 's/^VERSION := //p' Makefile)"
+  fail "find_package(hakmem 1) accepted version $(sed -n 's/^#define HAKMEM_VERSION "\(.*\)"/\1/p' include/hakmem.h)"
 fi
 
 for app in app_shared app_static app_cmake app_cmake_static; do

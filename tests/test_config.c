@@ -30,13 +30,15 @@ static void load_capturing(char *buf, size_t cap) {
 static int defaults(void **state) {
     (void)state;
     unsetenv("HAKMEM_STATS");
+    unsetenv("HAKMEM_STATS_FILE");
     unsetenv("HAKMEM_BIGCACHE_MB");
     unsetenv("HAKMEM_POOL_ARENA_MB_INIT");
     unsetenv("HAKMEM_POOL_ARENA_MB_MAX");
     unsetenv("HAKMEM_BIGCACHE_AGE_MS");
     unsetenv("HAKMEM_HUGEPAGES");
     unsetenv("HAKMEM_BACKTRACE");
-    hak_cfg.stats = false;
+    hak_cfg.stats = HAK_STATS_OFF;
+    hak_cfg.stats_file = NULL;
     hak_cfg.backtrace = false;
     hak_cfg.bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT;
     hak_cfg.hugepages = true;
@@ -65,7 +67,7 @@ static void test_valid_values_taken(void **state) {
 
 static void test_bad_values_warn_and_keep_default(void **state) {
     (void)state;
-    const char *bad[] = {"abc", "-1", "99999999", "12x", "2"};
+    const char *bad[] = {"abc", "-1", "99999999", "12x", "2", "JSON", "jsonx", "json ", "1x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char err[512];
         setenv("HAKMEM_STATS", bad[i], 1);
@@ -88,6 +90,36 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     assert_non_null(strstr(err, "HAKMEM_HUGEPAGES"));
     assert_int_equal(hak_cfg.bigcache_age_ms, HAK_CFG_AGE_MS_DEFAULT);
     assert_true(hak_cfg.hugepages); /* the default kept */
+}
+
+/* HAKMEM_STATS=json: the JSON report; HAKMEM_STATS_FILE: where it goes,
+ * kept as it was read (a program may change its environment before exit). */
+static void test_stats_json_and_file(void **state) {
+    (void)state;
+    char err[512];
+    static char file[] = "HAKMEM_STATS_FILE=/tmp/some stats.json";
+    setenv("HAKMEM_STATS", "json", 1);
+    putenv(file);
+    load_capturing(err, sizeof err);
+    assert_string_equal(err, "");
+    assert_int_equal(hak_cfg.stats, HAK_STATS_JSON);
+    assert_string_equal(hak_cfg.stats_file, "/tmp/some stats.json");
+    memcpy(strchr(file, '=') + 1, "/elsewhere", 11); /* the environment changes */
+    assert_string_equal(hak_cfg.stats_file, "/tmp/some stats.json");
+    setenv("HAKMEM_STATS", "1", 1);
+    load_capturing(err, sizeof err);
+    assert_int_equal(hak_cfg.stats, HAK_STATS_TEXT);
+    setenv("HAKMEM_STATS", "0", 1);
+    load_capturing(err, sizeof err);
+    assert_int_equal(hak_cfg.stats, HAK_STATS_OFF);
+    /* Longer than any path: warned, and stderr kept. */
+    static char longer[5000];
+    memset(longer, 'a', sizeof longer - 1);
+    hak_cfg.stats_file = NULL;
+    setenv("HAKMEM_STATS_FILE", longer, 1);
+    load_capturing(err, sizeof err);
+    assert_non_null(strstr(err, "HAKMEM_STATS_FILE"));
+    assert_null(hak_cfg.stats_file);
 }
 
 static void test_pool_arena_sizes(void **state) {
@@ -153,6 +185,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_valid_values_taken, defaults),
         cmocka_unit_test_setup(test_bad_values_warn_and_keep_default, defaults),
+        cmocka_unit_test_setup(test_stats_json_and_file, defaults),
         cmocka_unit_test_setup(test_pool_arena_sizes, defaults),
         cmocka_unit_test(test_settings_read_after_preinit_malloc),
     };

@@ -97,6 +97,51 @@ static void test_move_keeps_contents(void **state) {
     os_unmap(dst, new);
 }
 
+/* os_mapped follows every mapping the boundary makes and gives back, of
+ * any protection, exactly; the peak never falls. (Nothing here allocates
+ * between the reads.) */
+static void test_mapped_bytes_exact(void **state) {
+    (void)state;
+    const uint64_t mb = 1 << 20;
+    uint64_t m0 = os_mapped();
+    assert_true(os_mapped_peak() >= m0);
+    uint8_t *p = os_map_aligned(4 * mb, HAK_REGION_SIZE); /* over-mapped and trimmed or not */
+    assert_non_null(p);
+    assert_int_equal(os_mapped(), m0 + 4 * mb);
+    assert_true(os_mapped_peak() >= m0 + 4 * mb);
+    if (os_resize(p, 4 * mb, 6 * mb)) {
+        assert_int_equal(os_mapped(), m0 + 6 * mb);
+        assert_true(os_resize(p, 6 * mb, 4 * mb));
+    }
+    assert_int_equal(os_mapped(), m0 + 4 * mb);
+    uint8_t *dst = os_map_aligned(8 * mb, HAK_REGION_SIZE);
+    assert_non_null(dst);
+    assert_int_equal(os_mapped(), m0 + 12 * mb);
+    assert_true(os_move(p, 4 * mb, 8 * mb, dst)); /* p's mapping goes, dst's stays */
+    assert_int_equal(os_mapped(), m0 + 8 * mb);
+    uint64_t peak = os_mapped_peak();
+    assert_true(peak >= m0 + 12 * mb);
+    assert_true(os_unmap(dst, 8 * mb));
+    assert_int_equal(os_mapped(), m0);
+    /* Reserved address space counts; committing and uncommitting inside it
+     * change nothing. */
+    size_t size = 64 * mb;
+    uint8_t *r = os_reserve(&size, 64 * mb, HAK_REGION_SIZE);
+    assert_non_null(r);
+    assert_int_equal(os_mapped(), m0 + size);
+    assert_true(os_commit(r, HAK_REGION_SIZE));
+    os_uncommit(r, HAK_REGION_SIZE);
+    assert_int_equal(os_mapped(), m0 + size);
+    /* Grown in place, or refused (the place taken: a mapping the kernel put
+     * elsewhere is unmapped again). */
+    bool grown = os_reserve_at(r + size, 2 * mb);
+    assert_int_equal(os_mapped(), m0 + size + (grown ? 2 * mb : 0));
+    if (grown) assert_true(os_unmap(r + size, 2 * mb));
+    assert_true(os_unmap(r, size));
+    assert_int_equal(os_mapped(), m0);
+    assert_true(os_mapped_peak() >= peak);
+}
+
 /* A reservation reads as zeros and cannot be written; a committed part can,
  * and once uncommitted its pages are gone and it is read-only again, in the
  * same place. */
@@ -309,6 +354,7 @@ int main(void) {
         cmocka_unit_test(test_reserve_under_mlockall_onfault),
         cmocka_unit_test(test_fork_child_not_locked),
         cmocka_unit_test(test_counts_every_kind),
+        cmocka_unit_test(test_mapped_bytes_exact),
         cmocka_unit_test(test_decommit_reads_zero),
         cmocka_unit_test(test_resize_in_place_keeps_contents),
         cmocka_unit_test(test_move_keeps_contents),

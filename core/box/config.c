@@ -4,9 +4,10 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct hak_config hak_cfg = {
-    .stats = false,
+    .stats = HAK_STATS_OFF,
     .bigcache_bytes = (size_t)128 << 20,
     .bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT,
     .hugepages = true,
@@ -16,6 +17,30 @@ struct hak_config hak_cfg = {
     .prof_sample = (uint64_t)512 << 10,
     .prof_file = "hakmem.%p.heap",
 };
+
+/* HAKMEM_STATS_FILE, copied: the program may change its environment
+ * before the report is written at exit. */
+static char config_stats_file[4096];
+
+/* The one line a bad value gets: the variable, the value, what was expected
+ * (and the range lo..hi after it, when lo < hi). */
+static void config_warn(const char *name, const char *value, const char *expected, uint64_t lo,
+                        uint64_t hi) {
+    struct diag_buf b = {.n = 0};
+    diag_str(&b, "hakmem: ignoring ");
+    diag_str(&b, name);
+    diag_str(&b, "='");
+    diag_str(&b, value);
+    diag_str(&b, "': expected ");
+    diag_str(&b, expected);
+    if (lo < hi) {
+        diag_u64(&b, lo);
+        diag_str(&b, "..");
+        diag_u64(&b, hi);
+    }
+    diag_str(&b, "; using the default\n");
+    diag_flush(&b, 2);
+}
 
 /* Parse a decimal integer in [lo, hi]; false (with a warning naming the
  * variable) when it is not one. */
@@ -29,26 +54,47 @@ static bool config_int(const char *name, uint64_t lo, uint64_t hi, uint64_t *out
         if (v > hi) break;
     }
     if (*c != '\0' || v < lo || v > hi) {
-        struct diag_buf b = {.n = 0};
-        diag_str(&b, "hakmem: ignoring ");
-        diag_str(&b, name);
-        diag_str(&b, "='");
-        diag_str(&b, s);
-        diag_str(&b, "': expected an integer in ");
-        diag_u64(&b, lo);
-        diag_str(&b, "..");
-        diag_u64(&b, hi);
-        diag_str(&b, "; using the default\n");
-        diag_flush(&b, 2);
+        config_warn(name, s, "an integer in ", lo, hi);
         return false;
     }
     *out = v;
     return true;
 }
 
+/* HAKMEM_STATS: 0, 1 (text) or json. */
+static void config_stats(void) {
+    const char *s = getenv("HAKMEM_STATS");
+    if (s == NULL || *s == '\0') return;
+    if (strcmp(s, "0") == 0)
+        hak_cfg.stats = HAK_STATS_OFF;
+    else if (strcmp(s, "1") == 0)
+        hak_cfg.stats = HAK_STATS_TEXT;
+    else if (strcmp(s, "json") == 0)
+        hak_cfg.stats = HAK_STATS_JSON;
+    else
+        config_warn("HAKMEM_STATS", s, "0, 1 or json", 0, 0);
+}
+
+/* HAKMEM_STATS_FILE: a path (opened at exit); too long for a path, stderr. */
+static void config_stats_path(void) {
+    const char *s = getenv("HAKMEM_STATS_FILE");
+    if (s == NULL || *s == '\0') return;
+    size_t n = strlen(s);
+    if (n >= sizeof config_stats_file) {
+        struct diag_buf b = {.n = 0};
+        diag_str(&b,
+                 "hakmem: ignoring HAKMEM_STATS_FILE: longer than a path may be; using stderr\n");
+        diag_flush(&b, 2);
+        return;
+    }
+    memcpy(config_stats_file, s, n + 1);
+    hak_cfg.stats_file = config_stats_file;
+}
+
 void config_load(void) {
     uint64_t v;
-    if (config_int("HAKMEM_STATS", 0, 1, &v)) hak_cfg.stats = v != 0;
+    config_stats();
+    config_stats_path();
     if (config_int("HAKMEM_BIGCACHE_MB", 0, 65536, &v)) hak_cfg.bigcache_bytes = (size_t)v << 20;
     if (config_int("HAKMEM_BIGCACHE_AGE_MS", 1, 3600000, &v)) hak_cfg.bigcache_age_ms = v;
     if (config_int("HAKMEM_HUGEPAGES", 0, 1, &v)) hak_cfg.hugepages = v != 0;

@@ -9,8 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* HAKMEM_STATS: 0, 1, json. */
+enum hak_stats_mode { HAK_STATS_OFF, HAK_STATS_TEXT, HAK_STATS_JSON };
+
 struct hak_config {
-    bool stats;                  /* HAKMEM_STATS: print a summary at exit */
+    uint8_t stats;               /* HAKMEM_STATS: a report at exit (enum hak_stats_mode) */
+    const char *stats_file;      /* HAKMEM_STATS_FILE: where it goes; NULL: stderr */
     size_t bigcache_bytes;       /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
     uint64_t bigcache_age_ms;    /* HAKMEM_BIGCACHE_AGE_MS: unused this long, decommitted */
     bool hugepages;              /* HAKMEM_HUGEPAGES: transparent huge pages for Large */

@@ -16,6 +16,9 @@
 #include <unistd.h>
 
 static _Atomic uint64_t os_counts[OS_NCALLS];
+/* os_mapped, os_mapped_peak: relaxed, as the call counts (a reader wants a
+ * figure, not an order with other memory). */
+static _Atomic uint64_t os_bytes, os_bytes_peak;
 
 /* Next hint address for aligned mappings: an area well away from the kernel's
  * own mmap base and the brk heap, with a random start so addresses are not
@@ -115,19 +118,41 @@ uint64_t os_calls(enum os_call kind) {
     return atomic_load_explicit(&os_counts[kind], memory_order_relaxed);
 }
 
+/* `bytes` more (or, negative, fewer) mapped. */
+static void os_mapped_add(int64_t bytes) {
+    uint64_t now = atomic_fetch_add_explicit(&os_bytes, (uint64_t)bytes, memory_order_relaxed) +
+                   (uint64_t)bytes;
+    if (bytes <= 0) return;
+    uint64_t peak = atomic_load_explicit(&os_bytes_peak, memory_order_relaxed);
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&os_bytes_peak, &peak, now, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+uint64_t os_mapped(void) {
+    return atomic_load_explicit(&os_bytes, memory_order_relaxed);
+}
+uint64_t os_mapped_peak(void) {
+    return atomic_load_explicit(&os_bytes_peak, memory_order_relaxed);
+}
+
 #define OS_RW   (PROT_READ | PROT_WRITE)
 #define OS_ANON (MAP_PRIVATE | MAP_ANONYMOUS)
 
 static void *os_mmap_as(void *hint, size_t size, int prot, int flags) {
     os_count(OS_MMAP);
     void *p = os_fault(OS_SITE_MMAP) ? MAP_FAILED : mmap(hint, size, prot, flags, -1, 0);
-    return os_granted(p != MAP_FAILED) ? p : NULL;
+    if (!os_granted(p != MAP_FAILED)) return NULL;
+    os_mapped_add((int64_t)size);
+    return p;
 }
 
 bool os_unmap(void *p, size_t size) {
     int saved = errno; /* free() must not change errno */
     os_count(OS_MUNMAP);
     bool ok = !os_fault(OS_SITE_MUNMAP) && munmap(p, size) == 0;
+    if (ok) os_mapped_add(-(int64_t)size);
     errno = saved;
     return ok;
 }
@@ -308,6 +333,7 @@ bool os_reserve_at(void *p, size_t size) {
     void *q = os_fault(OS_SITE_RESERVE_AT)
                   ? MAP_FAILED
                   : mmap(p, size, PROT_NONE, OS_ANON | MAP_NORESERVE, -1, 0);
+    if (q != MAP_FAILED) os_mapped_add((int64_t)size); /* (placed elsewhere: unmapped below) */
     bool ok = os_granted(q == p);
     if (q != MAP_FAILED && !ok) os_unmap(q, size); /* placed elsewhere: the range is taken */
     if (ok) os_reserved(p, size, lck0);
@@ -395,7 +421,8 @@ void os_uncommit(void *p, size_t size) {
     /* A fresh mapping in place, as the reservation was made (inaccessible
      * first, unlocked, then read-only): the pages go, and so do the commit
      * charge (strict overcommit) and the "written" mark that would put
-     * the range in core dumps. */
+     * the range in core dumps. (It replaces
+     * what was there: os_mapped stays as it is.) */
     os_count(OS_MMAP);
     if (!os_fault(OS_SITE_UNCOMMIT_MAP) &&
         /* MAP_FIXED over our own range: the result is p or MAP_FAILED, never
@@ -428,14 +455,18 @@ void os_uncommit(void *p, size_t size) {
 
 bool os_resize(void *p, size_t old_size, size_t new_size) {
     os_count(OS_MREMAP);
-    return !os_fault(OS_SITE_RESIZE) && mremap(p, old_size, new_size, 0) != MAP_FAILED;
+    if (os_fault(OS_SITE_RESIZE) || mremap(p, old_size, new_size, 0) == MAP_FAILED) return false;
+    os_mapped_add((int64_t)new_size - (int64_t)old_size);
+    return true;
 }
 
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst) {
     os_count(OS_MREMAP);
     if (!os_fault(OS_SITE_MOVE) &&
-        mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) != MAP_FAILED)
+        mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, dst) != MAP_FAILED) {
+        os_mapped_add(-(int64_t)old_size); /* dst's mapping (counted) now holds the pages */
         return true;
+    }
     /* Only a want of memory is a refusal that giving caches back may cure
      * (EFAULT: the range is not one mapping). */
     if (errno == ENOMEM) os_granted(false);

@@ -90,6 +90,13 @@ bool os_guard_remove(void *p, size_t size);
 
 uint64_t os_calls(enum os_call kind);
 
+/* Address space hakmem has mapped, now and at most so far: every mapping
+ * this module made and has not unmapped, whatever its protection (the
+ * arena's inaccessible reservations included: they cost no memory, but
+ * count against RLIMIT_AS). Exact: kept on every mmap, munmap and mremap. */
+uint64_t os_mapped(void);
+uint64_t os_mapped_peak(void);
+
 /* Calls of this thread the OS refused (a mapping, a commit, a move: memory or
  * address space it would not give) since the last call of this; resets. */
 uint32_t os_take_refusals(void);

@@ -8,9 +8,9 @@
 #include "box/config.h"
 #include "box/os.h"
 #include "box/prof.h"
-#include "box/stats.h"
 #include "front/front.h"
 #include "front/lifecycle.h"
+#include "front/report.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -538,7 +538,10 @@ HAK_API int hak_malloc_trim(size_t pad) {
     return front_trim();
 }
 HAK_API void hak_malloc_stats(void) {
-    stats_print(2);
+    report_text(2);
+}
+HAK_API int hak_stats_json(char *buf, size_t len) {
+    return (int)report_json(buf, len);
 }
 HAK_API struct mallinfo2 hak_mallinfo2(void) {
     struct l25_stats s;

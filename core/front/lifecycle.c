@@ -6,8 +6,9 @@
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/prof.h"
-#include "box/stats.h"
+#include "box/usage.h"
 #include "check.h"
+#include "front/report.h"
 #include "large.h"
 #include "pool.h"
 #include "l25.h"
@@ -45,6 +46,7 @@ static void life_thread_exit(void *unused) {
     l25_thread_flush();
     tc_thread_close();
     chk_thread_exit();
+    usage_thread_exit(); /* after the flushes above, which count */
 }
 
 /* Fork: take every allocator lock so the child never inherits one held by a
@@ -112,6 +114,7 @@ bool life_thread_arm(void) {
     life_arming = true;
     life_armed = pthread_setspecific(life_key, &life_armed) == 0; /* any non-NULL value */
     life_arming = false;
+    if (life_armed) usage_thread_start(); /* the hook publishes what is pending */
     return life_armed;
 }
 
@@ -133,5 +136,5 @@ __attribute__((constructor)) static void life_start(void) {
 __attribute__((destructor)) static void life_end(void) {
     chk_exit(); /* what waits in quarantine was not written since its free */
     prof_exit();
-    if (hak_cfg.stats) stats_print(2);
+    if (hak_cfg.stats) report_exit();
 }

@@ -1,0 +1,43 @@
+#include "box/usage.h"
+
+#include <stdatomic.h>
+
+__thread struct usage_tls usage_tls;
+
+/* Signed: a thread's published frees of blocks another thread allocated
+ * may come before that thread's publishing of the allocations. */
+static _Atomic int64_t usage_bytes, usage_bytes_peak;
+
+void usage_publish(void) {
+    int64_t d = usage_tls.pending;
+    usage_tls.pending = 0;
+    if (d == 0) return;
+    int64_t now = atomic_fetch_add_explicit(&usage_bytes, d, memory_order_relaxed) + d;
+    if (d < 0) return;
+    int64_t peak = atomic_load_explicit(&usage_bytes_peak, memory_order_relaxed);
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&usage_bytes_peak, &peak, now,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+void usage_thread_start(void) {
+    usage_tls.span = 2 * (uint64_t)USAGE_SLACK + 1;
+}
+
+void usage_thread_exit(void) {
+    usage_tls.span = 0;
+    usage_publish();
+}
+
+uint64_t usage_current(void) {
+    usage_publish();
+    int64_t v = atomic_load_explicit(&usage_bytes, memory_order_relaxed);
+    return v > 0 ? (uint64_t)v : 0;
+}
+
+uint64_t usage_peak(void) {
+    usage_publish();
+    int64_t v = atomic_load_explicit(&usage_bytes_peak, memory_order_relaxed);
+    return v > 0 ? (uint64_t)v : 0;
+}

@@ -1,0 +1,60 @@
+/* Usage: bytes in use, now and at most so far, for the stats. "In use" is
+ * what the tiers have handed out, counted where they know it on their slow
+ * paths: a Tiny, small-mid or L2.5 block from when it leaves its slab or
+ * bundle (into a thread cache or to the program) until it is back there (a
+ * thread cache's flush; for a block freed by another thread, its slab
+ * owner's drain of the remote list), at its class size; the Pool tier's
+ * blocks as they are carved, until their chunk is empty (see pool.c); a
+ * Large block at its mapping's size; a checked-mode block at the size
+ * asked. So blocks sitting in thread caches count, and the thread caches'
+ * pop and push count nothing: they pay no instruction for this.
+ *
+ * Each thread gathers its changes and publishes them to the shared counter
+ * once they add up to USAGE_SLACK either way, so a refill or a remote free
+ * costs a thread-local add, not an atomic on a line all threads write. A
+ * thread publishes the rest when it exits (from its exit hook) and before
+ * it reads the counter; until then another thread's reading may miss up to
+ * USAGE_SLACK of each thread's latest changes, and the peak is the highest
+ * published value. */
+#ifndef HAK_USAGE_H
+#define HAK_USAGE_H
+
+#include "sizes.h"
+
+#include <stdint.h>
+
+/* 256 KiB: an L2.5 block is up to 1 MiB, and with 64 KiB nearly every
+ * L2.5 malloc and free published (bench/instr.sh at 100000 B: 51 more
+ * instructions a pair, against 30 with this; 1 MiB saved 6 more). */
+#define USAGE_SLACK ((int64_t)256 << 10)
+
+/* This thread's changes not published yet, and when they are: once
+ * pending + USAGE_SLACK >= span, as unsigned. span is 2 * USAGE_SLACK + 1
+ * (past USAGE_SLACK either way) while the thread has an exit hook that
+ * publishes the rest (usage_thread_start), 0 (at once) before and after.
+ * One thread-local object: one address to compute, not two. */
+struct usage_tls {
+    int64_t pending;
+    uint64_t span;
+};
+extern HAK_HIDDEN __thread struct usage_tls usage_tls;
+
+/* Publish this thread's pending changes. */
+void usage_publish(void);
+
+/* `bytes` more in use (fewer when negative). Slow paths only. */
+static inline void usage_add(int64_t bytes) {
+    usage_tls.pending += bytes;
+    if ((uint64_t)(usage_tls.pending + USAGE_SLACK) >= usage_tls.span) usage_publish();
+}
+
+/* This thread's exit hook is armed: changes may wait. */
+void usage_thread_start(void);
+/* Its exit hook runs: publish, and from now on at once. */
+void usage_thread_exit(void);
+
+/* The published counter (after this thread's changes are published). */
+uint64_t usage_current(void);
+uint64_t usage_peak(void);
+
+#endif
