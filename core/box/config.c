@@ -52,6 +52,7 @@ void config_load(void) {
     if (config_int("HAKMEM_HUGEPAGES", 0, 1, &v)) hak_cfg.hugepages = v != 0;
     if (config_int("HAKMEM_BACKTRACE", 0, 1, &v)) hak_cfg.backtrace = v != 0;
     if (config_int("HAKMEM_CHECK", 0, 1, &v)) hak_cfg.check = v != 0;
+    if (config_int("HAKMEM_BACKGROUND", 0, 1, &v)) hak_cfg.background = v != 0;
     if (config_int("HAKMEM_SS_CACHE", 0, 1024, &v)) hak_cfg.ss_cache = v;
     if (config_int("HAKMEM_POOL_ARENA_MB_INIT", 1, 1024, &v))
         hak_cfg.pool_arena_mb_init = (uint32_t)v;

@@ -19,6 +19,7 @@ struct hak_config {
     uint32_t pool_arena_mb_max;  /* HAKMEM_POOL_ARENA_MB_MAX: Pool chunks grow to this */
     bool backtrace;              /* HAKMEM_BACKTRACE: a backtrace with every heap-bug report */
     bool check;                  /* HAKMEM_CHECK: the checked tier serves every allocation */
+    bool background;             /* HAKMEM_BACKGROUND: a thread ages the caches */
 };
 
 /* How long free memory stays resident unused before it goes back to the
