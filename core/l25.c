@@ -2,6 +2,7 @@
 #include "l25.h"
 
 #include "box/arena.h"
+#include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/lock.h"
@@ -468,6 +469,7 @@ static void l25_put(struct l25_bundle *b, void *p) {
     hak_unlock(&s->lock);
     if (todo.n) l25_release(s, &todo); /* syscalls outside the lock */
     if (hak_unlikely(look)) l25_age();
+    bell_ring(); /* a free block, or an empty bundle, to age */
 }
 
 /* Move the first n blocks of this thread's cache of cls to their bundles. */
@@ -608,6 +610,29 @@ bool l25_age(void) {
                           memory_order_relaxed, memory_order_relaxed))
         return false;
     return l25_purge(now);
+}
+
+uint64_t l25_age_next(void) {
+    l25_age(); /* the pass over the partly used bundles, when due */
+    uint64_t now = hak_now_ms(), age = hak_cfg.bigcache_age_ms, next = UINT64_MAX;
+    bool dirty = false; /* a free block of a partly used bundle may hold pages */
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
+            struct l25_shard *s = &l25_shards[cls][sh];
+            struct l25_todo todo = {.n = 0};
+            hak_lock(&s->lock);
+            /* Empty bundles age by their own clocks, not the passes'. */
+            if (s->empty) l25_tidy_empty(s, now, &todo);
+            for (struct l25_bundle *b = s->empty; b && b->committed; b = b->next)
+                if (b->empty_ms + age < next) next = b->empty_ms + age;
+            for (struct l25_bundle *b = s->partial; b && !dirty; b = b->next)
+                dirty = b->dirty != NULL && (b->avail1 & b->dirty1) != 0;
+            hak_unlock(&s->lock);
+            if (todo.n) l25_release(s, &todo);
+        }
+    }
+    uint64_t pass = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
+    return dirty && pass < next ? pass : next;
 }
 
 /* ---- fork and stats -------------------------------------------------------------- */

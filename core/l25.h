@@ -164,6 +164,10 @@ bool l25_trim(void);
  * the front of each shard, which its next refills take); true when memory
  * went back. */
 bool l25_age(void);
+/* The background thread (front/background.c): l25_age, and every empty
+ * bundle unused for the age decommitted now, whether or not a pass is due;
+ * when something is next due, UINT64_MAX when nothing that ages is left. */
+uint64_t l25_age_next(void);
 
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */

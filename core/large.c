@@ -5,6 +5,7 @@
  * guard page (LARGE_GUARD). */
 #include "large.h"
 
+#include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/diag.h"
@@ -126,7 +127,8 @@ static _Atomic uint32_t large_growing_live;
  * one with mremap, so that only the new part takes page faults. An entry
  * unused for hak_cfg.bigcache_age_ms is decommitted (its pages go, the
  * mapping stays for reuse), and after twice that it is unmapped: the ages
- * are looked at on the tier's own calls and on malloc_trim. */
+ * are looked at on the tier's own calls, by the background thread
+ * (large_age_next) and on malloc_trim. */
 #define LARGE_CACHE_N 64
 
 struct large_entry {
@@ -252,11 +254,9 @@ static void large_cache_insert(struct large_cache *lc, struct large_entry e) {
 
 /* Entries past their age: out of the cache into out[] (to be decommitted or
  * unmapped outside the lock by large_cache_retire); how many. Lock held. */
-static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct large_entry *out) {
+static uint32_t large_cache_scan(struct large_cache *lc, uint64_t now, struct large_entry *out) {
     uint64_t age = hak_cfg.bigcache_age_ms;
     uint32_t n = 0;
-    /* A look every quarter age at most: the scan is not free. */
-    if (now - lc->aged_ms < age / 4) return 0;
     lc->aged_ms = now;
     for (uint32_t i = 0; i < lc->n;) {
         uint64_t idle = now - lc->e[i].freed_ms;
@@ -266,6 +266,12 @@ static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct 
             i++;
     }
     return n;
+}
+
+/* large_cache_scan, every quarter age at most: the scan is not free. */
+static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct large_entry *out) {
+    if (now - lc->aged_ms < hak_cfg.bigcache_age_ms / 4) return 0;
+    return large_cache_scan(lc, now, out);
 }
 
 static void large_cache_merge(struct large_cache *lc, struct large_entry *e);
@@ -353,6 +359,7 @@ static void large_cache_add(struct large_entry e) {
     nold += large_cache_expire(lc, hak_now_ms(), old + nold);
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold); /* syscalls outside the lock */
+    bell_ring();
 }
 
 /* What a split leaves of entry e from offset `keep` (a region multiple) on:
@@ -832,6 +839,25 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
         return p;
     }
     return large_resize(h, n, pages);
+}
+
+uint64_t large_age_next(void) {
+    struct large_cache *lc = &large_cache;
+    struct large_entry old[LARGE_CACHE_N];
+    hak_lock(&lc->lock);
+    uint32_t nold = large_cache_scan(lc, hak_now_ms(), old);
+    hak_unlock(&lc->lock);
+    large_cache_retire(old, nold);
+    /* What is left: due when unused for the age (decommit), or twice that
+     * (unmap: address space only, the pages went at the first). */
+    uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
+    hak_lock(&lc->lock);
+    for (uint32_t i = 0; i < lc->n; i++) {
+        uint64_t due = lc->e[i].freed_ms + (lc->e[i].decommitted ? 2 * age : age);
+        if (due < next) next = due;
+    }
+    hak_unlock(&lc->lock);
+    return next;
 }
 
 bool large_trim(void) {

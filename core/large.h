@@ -41,6 +41,11 @@ void *large_realloc(void *p, uint32_t entry, size_t n);
 
 /* Unmap every cached mapping; true when something was released. */
 bool large_trim(void);
+/* The background thread (front/background.c): decommit or unmap the cached
+ * mappings whose age came (a look now, where the tier's own calls look
+ * every quarter age at most); when the next one's comes, UINT64_MAX when
+ * none is cached. */
+uint64_t large_age_next(void);
 
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */

@@ -4,6 +4,7 @@
 #include "pool.h"
 
 #include "box/arena.h"
+#include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/lock.h"
@@ -340,6 +341,7 @@ void pool_thread_exit(void) {
         drop = c->all_next;
         pool_chunk_unmap(c);
     }
+    bell_ring(); /* its spares age now, with no thread to look at them */
 }
 
 bool pool_age(void) {
@@ -348,6 +350,25 @@ bool pool_age(void) {
         return false;
     pool_spares_unmap(h); /* none taken or added for the age: the need has passed */
     return true;
+}
+
+uint64_t pool_age_parked(void) {
+    uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
+    size_t parked = 0;
+    /* Heaps of exited threads: ours while we hold the lock (as pool_trim). */
+    hak_lock(&pool_lock);
+    for (struct pool_heap *h = pool_heaps_free; h; h = h->next_free) {
+        pool_heap_tidy(h, false);    /* blocks freed to it since its thread exited */
+        uint64_t now = hak_now_ms(); /* (after the tidy, which may stamp spare_ms) */
+        if (h->spares && now >= h->spare_ms && now - h->spare_ms >= age)
+            pool_spares_unmap(h);
+        else if (h->spares && h->spare_ms + age < next)
+            next = h->spare_ms + age;
+        parked += h->spare_bytes;
+    }
+    pool_parked_bytes = parked;
+    hak_unlock(&pool_lock);
+    return next;
 }
 
 bool pool_trim(void) {

@@ -134,6 +134,11 @@ bool pool_trim(void);
 /* This thread's spare chunks go back to the OS when none was taken or added
  * for HAKMEM_BIGCACHE_AGE_MS; true when they did. */
 bool pool_age(void);
+/* The background thread (front/background.c): the heaps of exited threads
+ * take back the blocks freed to them since, and give their spare chunks back
+ * to the OS once none was taken or added for the age; when the next heap's
+ * come due, UINT64_MAX when none has spares. */
+uint64_t pool_age_parked(void);
 
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */

@@ -37,8 +37,10 @@ static int defaults(void **state) {
     unsetenv("HAKMEM_BIGCACHE_AGE_MS");
     unsetenv("HAKMEM_HUGEPAGES");
     unsetenv("HAKMEM_BACKTRACE");
+    unsetenv("HAKMEM_BACKGROUND");
     hak_cfg.stats = HAK_STATS_OFF;
     hak_cfg.stats_file = NULL;
+    hak_cfg.background = false;
     hak_cfg.backtrace = false;
     hak_cfg.bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT;
     hak_cfg.hugepages = true;
@@ -56,9 +58,11 @@ static void test_valid_values_taken(void **state) {
     setenv("HAKMEM_BIGCACHE_AGE_MS", "400", 1);
     setenv("HAKMEM_HUGEPAGES", "0", 1);
     setenv("HAKMEM_BACKTRACE", "1", 1);
+    setenv("HAKMEM_BACKGROUND", "1", 1); /* (read only: the thread starts in the constructor) */
     load_capturing(err, sizeof err);
     assert_string_equal(err, "");
     assert_true(hak_cfg.backtrace);
+    assert_true(hak_cfg.background);
     assert_true(hak_cfg.stats);
     assert_int_equal(hak_cfg.bigcache_age_ms, 400);
     assert_false(hak_cfg.hugepages);
@@ -85,9 +89,12 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     unsetenv("HAKMEM_BIGCACHE_MB");
     setenv("HAKMEM_BIGCACHE_AGE_MS", "0", 1); /* 0 would decommit at once: not allowed */
     setenv("HAKMEM_HUGEPAGES", "yes", 1);
+    setenv("HAKMEM_BACKGROUND", "2", 1);
     load_capturing(err, sizeof err);
     assert_non_null(strstr(err, "HAKMEM_BIGCACHE_AGE_MS"));
     assert_non_null(strstr(err, "HAKMEM_HUGEPAGES"));
+    assert_non_null(strstr(err, "HAKMEM_BACKGROUND"));
+    assert_false(hak_cfg.background);
     assert_int_equal(hak_cfg.bigcache_age_ms, HAK_CFG_AGE_MS_DEFAULT);
     assert_true(hak_cfg.hugepages); /* the default kept */
 }

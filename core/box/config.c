@@ -104,6 +104,7 @@ void config_load(void) {
     if (config_int("HAKMEM_PROF_SAMPLE", 1, (uint64_t)1 << 40, &v)) hak_cfg.prof_sample = v;
     const char *file = getenv("HAKMEM_PROF_FILE");
     if (file != NULL && *file != '\0') hak_cfg.prof_file = file; /* (prof_start copies it) */
+    if (config_int("HAKMEM_BACKGROUND", 0, 1, &v)) hak_cfg.background = v != 0;
     if (config_int("HAKMEM_SS_CACHE", 0, 1024, &v)) hak_cfg.ss_cache = v;
     if (config_int("HAKMEM_POOL_ARENA_MB_INIT", 1, 1024, &v))
         hak_cfg.pool_arena_mb_init = (uint32_t)v;

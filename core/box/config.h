@@ -26,6 +26,7 @@ struct hak_config {
     bool prof;                   /* HAKMEM_PROF: the heap profiler samples allocations */
     uint64_t prof_sample;        /* HAKMEM_PROF_SAMPLE: mean bytes between samples */
     const char *prof_file;       /* HAKMEM_PROF_FILE: where the profile goes at exit */
+    bool background;             /* HAKMEM_BACKGROUND: a thread ages the caches */
 };
 
 /* How long free memory stays resident unused before it goes back to the

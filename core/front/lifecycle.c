@@ -9,6 +9,7 @@
 #include "box/usage.h"
 #include "check.h"
 #include "front/report.h"
+#include "front/background.h"
 #include "large.h"
 #include "pool.h"
 #include "l25.h"
@@ -61,7 +62,8 @@ static void life_fork_prepare(void) {
     pool_fork_prepare();
     l25_fork_prepare();
     large_fork_prepare();
-    arena_fork_prepare(); /* last: the tiers take it inside their own locks */
+    arena_fork_prepare(); /* the tiers take it inside their own locks */
+    bg_fork_prepare();    /* last: a tier may ring the bell holding its lock */
     hak_in_fork = true;
 }
 
@@ -79,9 +81,15 @@ static void life_fork_release(void) {
     prof_fork_release();
 }
 
+static void life_fork_parent(void) {
+    life_fork_release();
+    bg_fork_parent();
+}
+
 static void life_fork_child(void) {
     os_fork_child();
     life_fork_release();
+    bg_fork_child(); /* last: starting a thread allocates */
 }
 
 static void life_begin(void) {
@@ -91,7 +99,7 @@ static void life_begin(void) {
     config_load();
     if (hak_cfg.check) chk_start();
     life_key_ok = pthread_key_create(&life_key, life_thread_exit) == 0;
-    pthread_atfork(life_fork_prepare, life_fork_release, life_fork_child);
+    pthread_atfork(life_fork_prepare, life_fork_parent, life_fork_child);
     atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
 }
 
@@ -131,9 +139,12 @@ __attribute__((constructor)) static void life_start(void) {
         prof_start(hak_cfg.prof_sample, hak_cfg.prof_file);
     else
         prof_decline();
+    /* Here too, not in hak_init: pthread_create allocates. */
+    if (hak_cfg.background) bg_start();
 }
 
 __attribute__((destructor)) static void life_end(void) {
+    bg_stop();  /* first: nothing ages once the program is ending */
     chk_exit(); /* what waits in quarantine was not written since its free */
     prof_exit();
     if (hak_cfg.stats) report_exit();

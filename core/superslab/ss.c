@@ -3,6 +3,7 @@
 #include "superslab/ss.h"
 
 #include "box/arena.h"
+#include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/lock.h"
@@ -37,6 +38,8 @@ static uint8_t ss_epoch; /* ss_purge passes, mod 256 */
 /* ms: when the next timed pass is due. Written under the lock, read without
  * it too (a pass not due costs no lock). */
 static _Atomic uint64_t ss_purge_next;
+/* An EMPTY slot may still hold pages: a later pass has work (ss_age_next). */
+static bool ss_dirty;
 static _Atomic uint64_t ss_carved; /* bytes carved in slabs not reset since */
 
 void ss_note_carved(size_t bytes) {
@@ -233,9 +236,11 @@ void ss_release(struct ss_slab *s) {
     ss->nactive--;
     ss->nempty++;
     ss_st.releases++;
+    ss_dirty = true;
     if (ss->nactive == 0) ss_retire(ss);
     ss_age_locked(); /* slots released are the ones a later pass finds empty */
     hak_unlock(&ss_lock);
+    bell_ring();
 }
 
 /* Under an address-space limit, which counts reserved space too: places at
@@ -286,11 +291,16 @@ bool ss_trim(void) {
 /* Lock held. */
 static bool ss_purge_locked(bool all) {
     uint32_t n = 0, max = all ? UINT32_MAX : SS_PURGE_BATCH;
+    bool left = false; /* a slot empty since this pass only */
     for (uint32_t cls = 0; cls < TINY_NCLASSES && n < max; cls++) {
         for (struct ss_slab *s = ss_empty[cls]; s && n < max; s = s->next) {
             /* Empty since an earlier pass, and still holding carved blocks
              * (a slot purged before is carved 0: nothing of it is resident). */
-            if (s->carved == 0 || (s->epoch == ss_epoch && !all)) continue;
+            if (s->carved == 0) continue;
+            if (s->epoch == ss_epoch && !all) {
+                left = true;
+                continue;
+            }
             if (!os_decommit(ss_slab_base(s), SS_SLOT_SIZE)) continue; /* locked pages */
             atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size,
                                       memory_order_relaxed);
@@ -301,6 +311,7 @@ static bool ss_purge_locked(bool all) {
     }
     ss_epoch++;
     ss_st.purged += n;
+    ss_dirty = left || n >= max; /* (slots whose pages are locked stay as they are) */
     return n > 0;
 }
 
@@ -321,6 +332,15 @@ bool ss_purge(bool all) {
     bool any = all ? ss_purge_locked(true) : ss_age_locked();
     hak_unlock(&ss_lock);
     return any;
+}
+
+uint64_t ss_age_next(void) {
+    hak_lock(&ss_lock);
+    ss_age_locked();
+    uint64_t next =
+        ss_dirty ? atomic_load_explicit(&ss_purge_next, memory_order_relaxed) : UINT64_MAX;
+    hak_unlock(&ss_lock);
+    return next;
 }
 
 void ss_fork_prepare(void) {

@@ -142,6 +142,9 @@ bool ss_trim(void);
  * takes it back without carving) until then; after, it is carved again when
  * taken. */
 bool ss_purge(bool all);
+/* The background thread (front/background.c): a pass when one is due; when
+ * the next is, UINT64_MAX when no empty slot holds pages. */
+uint64_t ss_age_next(void);
 
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */
