@@ -212,7 +212,7 @@ void prof_record(const void *p, size_t n, size_t size) {
     while (skip < got && skip < PROF_SKIP_MAX && (uintptr_t)pc[skip] >= prof_lo &&
            (uintptr_t)pc[skip] < prof_hi)
         skip++;
-    int depth = got - skip > PROF_DEPTH ? PROF_DEPTH : got - skip;
+    int depth = got - skip > PROF_DEPTH ? PROF_DEPTH : got - skip; /* (skip <= got) */
     double scale = 1 / prof_probability(size);
     hak_lock(&prof_lock);
     struct prof_rec *r = prof_new_rec();
@@ -220,7 +220,7 @@ void prof_record(const void *p, size_t n, size_t size) {
         r->p = p;
         r->n = n;
         r->scale = scale;
-        r->depth = depth > 0 ? (uint32_t)depth : 0;
+        r->depth = (uint32_t)depth;
         memcpy(r->pc, pc + skip, r->depth * sizeof *pc);
         struct prof_rec **b = prof_bucket(p);
         r->next = *b;
