@@ -250,32 +250,24 @@ void prof_forget(const void *p) {
  * estimates already: pprof does not scale them again. The bracketed
  * allocated totals are not kept (0): only the in-use views mean anything. */
 
-/* Append s, emptying b into fd first when it might not fit. */
-static void prof_put(struct diag_buf *b, int fd, bool *ok, const char *s) {
-    if (b->n + strlen(s) > sizeof b->s && !diag_flush(b, fd)) *ok = false;
-    diag_str(b, s);
-}
-
-static void prof_put_u64(struct diag_buf *b, int fd, bool *ok, uint64_t v) {
-    if (b->n + 24 > sizeof b->s && !diag_flush(b, fd)) *ok = false;
-    diag_u64(b, v);
-}
-
-static void prof_put_hex(struct diag_buf *b, int fd, bool *ok, uint64_t v) {
-    if (b->n + 24 > sizeof b->s && !diag_flush(b, fd)) *ok = false;
-    diag_hex(b, v);
+/* Empty b into fd when what comes next might not fit: every piece the dump
+ * appends at once (a number, an address, a literal) is under PROF_PIECE. */
+#define PROF_PIECE 64
+static void prof_room(struct diag_buf *b, int fd, bool *ok) {
+    if (b->n + PROF_PIECE > sizeof b->s && !diag_flush(b, fd)) *ok = false;
 }
 
 /* "N: BYTES [0: 0] @" */
 static void prof_put_counts(struct diag_buf *b, int fd, bool *ok, uint64_t n, uint64_t bytes) {
-    prof_put_u64(b, fd, ok, n);
-    prof_put(b, fd, ok, ": ");
-    prof_put_u64(b, fd, ok, bytes);
-    prof_put(b, fd, ok, " [0: 0] @");
+    prof_room(b, fd, ok);
+    diag_u64(b, n);
+    diag_str(b, ": ");
+    diag_u64(b, bytes);
+    diag_str(b, " [0: 0] @");
 }
 
 static void prof_put_maps(struct diag_buf *b, int fd, bool *ok) {
-    prof_put(b, fd, ok, "\nMAPPED_LIBRARIES:\n");
+    diag_str(b, "\nMAPPED_LIBRARIES:\n");
     if (!diag_flush(b, fd)) *ok = false;
     int in = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (in < 0) {
@@ -332,19 +324,20 @@ int prof_dump(const char *path) {
             total_n += (uint64_t)(r->scale + 0.5);
             total_bytes += (uint64_t)((double)r->n * r->scale + 0.5);
         }
-    prof_put(&b, fd, &ok, "heap profile: ");
+    diag_str(&b, "heap profile: ");
     prof_put_counts(&b, fd, &ok, total_n, total_bytes);
-    prof_put(&b, fd, &ok, " heapprofile\n");
+    diag_str(&b, " heapprofile\n");
     for (uint32_t i = 0; i < PROF_BUCKETS; i++)
         for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
             if (r->depth == 0) continue;
             prof_put_counts(&b, fd, &ok, (uint64_t)(r->scale + 0.5),
                             (uint64_t)((double)r->n * r->scale + 0.5));
             for (uint32_t f = 0; f < r->depth; f++) {
-                prof_put(&b, fd, &ok, " ");
-                prof_put_hex(&b, fd, &ok, (uintptr_t)r->pc[f]);
+                prof_room(&b, fd, &ok);
+                diag_str(&b, " ");
+                diag_hex(&b, (uintptr_t)r->pc[f]);
             }
-            prof_put(&b, fd, &ok, "\n");
+            diag_str(&b, "\n"); /* (the last piece left room for it) */
         }
     hak_unlock(&prof_lock);
     prof_put_maps(&b, fd, &ok);
