@@ -4,6 +4,7 @@
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/secret.h"
+#include "box/unwind.h"
 
 #include <errno.h>
 #include <execinfo.h>
@@ -164,7 +165,7 @@ void prof_start(uint64_t sample, const char *file) {
     memcpy(prof_file, file, len);
     prof_file[len] = '\0';
     prof_table = os_map_aligned(PROF_BUCKETS * sizeof *prof_table, HAK_PAGE_SIZE);
-    if (prof_table == NULL) {
+    if (prof_table == NULL || !unwind_start()) {
         struct diag_buf b = {.n = 0};
         diag_str(&b, "hakmem: no memory for the heap profiler; HAKMEM_PROF is off\n");
         diag_flush(&b, 2);
@@ -207,7 +208,8 @@ static struct prof_rec *prof_new_rec(void) {
 void prof_record(const void *p, size_t n, size_t size) {
     prof_busy = true;
     void *pc[PROF_SKIP_MAX + PROF_DEPTH];
-    int got = backtrace(pc, PROF_SKIP_MAX + PROF_DEPTH);
+    int got = unwind_stack(pc, PROF_SKIP_MAX + PROF_DEPTH);
+    if (got < 0) got = backtrace(pc, PROF_SKIP_MAX + PROF_DEPTH); /* a frame it cannot read */
     int skip = 0;
     while (skip < got && skip < PROF_SKIP_MAX && (uintptr_t)pc[skip] >= prof_lo &&
            (uintptr_t)pc[skip] < prof_hi)

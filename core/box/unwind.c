@@ -1,0 +1,502 @@
+#include "box/unwind.h"
+
+#include "box/os.h"
+#include "sizes.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GLIBC__) &&                                                   \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <string.h>
+
+/* ---- rules -------------------------------------------------------------------
+ * What it takes to step from a frame to its caller's, for one return address:
+ * CFA (the caller's %rsp) = %rsp or %rbp + cfa_off; the return address is at
+ * CFA + 8 ra_off8; %rbp was saved at CFA + 8 rbp_off8 (0: not saved, the
+ * caller's is the same). Packed in a word so that a table slot is read whole. */
+enum uw_kind {
+    UW_STEP = 1, /* a frame to step out of */
+    UW_END,      /* the outermost frame (return address undefined), or code no table covers */
+    UW_FAIL,     /* a rule this box does not read */
+};
+
+struct uw_rule {
+    int32_t cfa_off;
+    int8_t rbp_off8;
+    int8_t ra_off8;
+    uint8_t cfa_rbp; /* the CFA is %rbp-based */
+    uint8_t kind;    /* enum uw_kind; never 0, so a written rule is never 0 */
+};
+_Static_assert(sizeof(struct uw_rule) == sizeof(uint64_t), "a rule is one word");
+
+static uint64_t uw_pack(struct uw_rule r) {
+    uint64_t w;
+    memcpy(&w, &r, sizeof w);
+    return w;
+}
+
+static struct uw_rule uw_unpack(uint64_t w) {
+    struct uw_rule r;
+    memcpy(&r, &w, sizeof r);
+    return r;
+}
+
+static const struct uw_rule uw_fail = {.kind = UW_FAIL};
+static const struct uw_rule uw_end = {.kind = UW_END};
+
+/* ---- reading .eh_frame -------------------------------------------------------- */
+
+/* A cursor over bytes known to be [p, end). */
+struct uw_in {
+    const uint8_t *p, *end;
+    bool bad; /* read past end, or an encoding not understood */
+};
+
+static uint64_t uw_u(struct uw_in *in, size_t n) {
+    if ((size_t)(in->end - in->p) < n) {
+        in->bad = true;
+        in->p = in->end;
+        return 0;
+    }
+    uint64_t v = 0;
+    memcpy(&v, in->p, n); /* little-endian */
+    in->p += n;
+    return v;
+}
+
+static uint64_t uw_uleb(struct uw_in *in) {
+    uint64_t v = 0;
+    for (unsigned shift = 0; in->p < in->end; shift += 7) {
+        uint8_t b = *in->p++;
+        if (shift < 64) v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return v;
+    }
+    in->bad = true;
+    return 0;
+}
+
+static int64_t uw_sleb(struct uw_in *in) {
+    uint64_t v = 0;
+    for (unsigned shift = 0; in->p < in->end;) {
+        uint8_t b = *in->p++;
+        if (shift < 64) v |= (uint64_t)(b & 0x7f) << shift;
+        shift += 7;
+        if (!(b & 0x80)) {
+            if (shift < 64 && (b & 0x40)) v |= ~(uint64_t)0 << shift; /* sign-extend */
+            return (int64_t)v;
+        }
+    }
+    in->bad = true;
+    return 0;
+}
+
+/* A pointer in DW_EH_PE encoding `enc`: absolute, or relative to the field
+ * itself (pcrel) or to `data` (datarel). Indirect ones are read as the
+ * address of the pointer (only the personality routine is, and it is skipped). */
+static uintptr_t uw_ptr(struct uw_in *in, uint8_t enc, uintptr_t data) {
+    uintptr_t at = (uintptr_t)in->p, v;
+    switch (enc & 0x0f) {
+    case 0x00:
+        v = (uintptr_t)uw_u(in, 8);
+        break; /* absptr */
+    case 0x01:
+        v = (uintptr_t)uw_uleb(in);
+        break; /* uleb128 */
+    case 0x02:
+        v = (uintptr_t)uw_u(in, 2);
+        break; /* udata2 */
+    case 0x03:
+        v = (uintptr_t)uw_u(in, 4);
+        break; /* udata4 */
+    case 0x04:
+        v = (uintptr_t)uw_u(in, 8);
+        break; /* udata8 */
+    case 0x09:
+        v = (uintptr_t)uw_sleb(in);
+        break; /* sleb128 */
+    case 0x0a:
+        v = (uintptr_t)(intptr_t)(int16_t)uw_u(in, 2);
+        break; /* sdata2 */
+    case 0x0b:
+        v = (uintptr_t)(intptr_t)(int32_t)uw_u(in, 4);
+        break; /* sdata4 */
+    case 0x0c:
+        v = (uintptr_t)uw_u(in, 8);
+        break; /* sdata8 */
+    default:
+        in->bad = true;
+        return 0;
+    }
+    switch (enc & 0x70) {
+    case 0x00:
+        return v;
+    case 0x10:
+        return v + at; /* pcrel */
+    case 0x30:
+        return v + data; /* datarel */
+    default:
+        in->bad = true;
+        return 0;
+    }
+}
+
+/* The state a CFA program builds: how to find the CFA, %rbp and the return
+ * address. */
+enum { UW_SAME, UW_AT, UW_UNDEF, UW_OTHER };
+struct uw_state {
+    int cfa_reg; /* DWARF number: 6 %rbp, 7 %rsp; anything else fails */
+    int64_t cfa_off;
+    int rbp_how, ra_how;
+    int64_t rbp_off, ra_off;
+};
+
+#define UW_RBP      6
+#define UW_RSP      7
+#define UW_RA       16
+#define UW_REMEMBER 8 /* DW_CFA_remember_state nesting kept */
+
+/* A rule for register `reg` at CFA + off (how UW_AT) or of another kind. */
+static void uw_set(struct uw_state *s, uint64_t reg, int how, int64_t off) {
+    if (reg == UW_RBP) {
+        s->rbp_how = how;
+        s->rbp_off = off;
+    } else if (reg == UW_RA) {
+        s->ra_how = how;
+        s->ra_off = off;
+    }
+}
+
+/* DW_CFA_restore: reg's rule as the CIE's program left it. */
+static void uw_restore(struct uw_state *s, const struct uw_state *init, uint64_t reg) {
+    if (reg == UW_RBP) uw_set(s, reg, init->rbp_how, init->rbp_off);
+    if (reg == UW_RA) uw_set(s, reg, init->ra_how, init->ra_off);
+}
+
+/* Run the CFA program in `in` from location `loc` while it describes
+ * `target`. `init` is the state after the CIE's program (DW_CFA_restore);
+ * false on an instruction this box does not read. */
+static bool uw_run(struct uw_in *in, uintptr_t loc, uintptr_t target, uint64_t code_align,
+                   int64_t data_align, struct uw_state *s, const struct uw_state *init) {
+    struct uw_state saved[UW_REMEMBER];
+    int nsaved = 0;
+    while (in->p < in->end && !in->bad) {
+        uint8_t op = *in->p++;
+        uint64_t reg, delta = 0;
+        switch (op >> 6) { /* the three kinds with an operand in their low six bits */
+        case 1:
+            delta = (op & 0x3f) * code_align;
+            goto advance;
+        case 2:
+            uw_set(s, op & 0x3f, UW_AT, (int64_t)uw_uleb(in) * data_align);
+            continue;
+        case 3:
+            uw_restore(s, init, op & 0x3f);
+            continue;
+        }
+        switch (op) {
+        case 0x00:
+            continue; /* nop */
+        case 0x02:
+            delta = uw_u(in, 1) * code_align;
+            goto advance;
+        case 0x03:
+            delta = uw_u(in, 2) * code_align;
+            goto advance;
+        case 0x04:
+            delta = uw_u(in, 4) * code_align;
+            goto advance;
+        case 0x05: /* offset_extended */
+            reg = uw_uleb(in);
+            uw_set(s, reg, UW_AT, (int64_t)uw_uleb(in) * data_align);
+            continue;
+        case 0x11: /* offset_extended_sf */
+            reg = uw_uleb(in);
+            uw_set(s, reg, UW_AT, uw_sleb(in) * data_align);
+            continue;
+        case 0x06:
+            uw_restore(s, init, uw_uleb(in));
+            continue; /* restore_extended */
+        case 0x07:
+            uw_set(s, uw_uleb(in), UW_UNDEF, 0);
+            continue; /* undefined */
+        case 0x08:
+            uw_set(s, uw_uleb(in), UW_SAME, 0);
+            continue; /* same_value */
+        case 0x09:    /* register: reg's value is in another register */
+            uw_set(s, uw_uleb(in), UW_OTHER, 0);
+            uw_uleb(in);
+            continue;
+        case 0x0a: /* remember_state */
+            if (nsaved == UW_REMEMBER) return false;
+            saved[nsaved++] = *s;
+            continue;
+        case 0x0b: /* restore_state (the CFA rule included, as GCC's epilogues expect) */
+            if (nsaved == 0) return false;
+            *s = saved[--nsaved];
+            continue;
+        case 0x0c: /* def_cfa */
+            s->cfa_reg = (int)uw_uleb(in);
+            s->cfa_off = (int64_t)uw_uleb(in);
+            continue;
+        case 0x12: /* def_cfa_sf */
+            s->cfa_reg = (int)uw_uleb(in);
+            s->cfa_off = uw_sleb(in) * data_align;
+            continue;
+        case 0x0d:
+            s->cfa_reg = (int)uw_uleb(in);
+            continue; /* def_cfa_register */
+        case 0x0e:
+            s->cfa_off = (int64_t)uw_uleb(in);
+            continue;
+        case 0x13:
+            s->cfa_off = uw_sleb(in) * data_align;
+            continue;
+        case 0x0f:
+            return false; /* def_cfa_expression */
+        case 0x10:        /* expression */
+        case 0x16:        /* val_expression */
+            reg = uw_uleb(in);
+            uw_set(s, reg, UW_OTHER, 0);
+            delta = uw_uleb(in);
+            if (delta > (uint64_t)(in->end - in->p)) return false;
+            in->p += delta;
+            continue;
+        case 0x14: /* val_offset */
+            reg = uw_uleb(in);
+            uw_set(s, reg, UW_OTHER, 0);
+            uw_uleb(in);
+            continue;
+        case 0x15: /* val_offset_sf */
+            reg = uw_uleb(in);
+            uw_set(s, reg, UW_OTHER, 0);
+            uw_sleb(in);
+            continue;
+        case 0x2e:
+            uw_uleb(in);
+            continue; /* GNU_args_size: the CFA does not move */
+        default:
+            return false; /* set_loc, GNU_negative_offset_extended, ... */
+        }
+    advance:
+        if (loc + delta > target) return true; /* what follows describes later code */
+        loc += delta;
+    }
+    return !in->bad;
+}
+
+/* The rule for return address `ra`, read from its object's tables. */
+static struct uw_rule uw_find(uintptr_t ra) {
+    uintptr_t target = ra - 1; /* in the call, even when it ends its function */
+    struct dl_find_object dlfo;
+    if (_dl_find_object((void *)target, &dlfo) != 0 || dlfo.dlfo_eh_frame == NULL) return uw_end;
+
+    /* .eh_frame_hdr: version 1, three encodings, the .eh_frame pointer, the
+     * count and a table of (start, FDE) sorted by start, both relative to
+     * the header when it is datarel sdata4 (as binutils' ld writes it). */
+    const uint8_t *hdr = dlfo.dlfo_eh_frame;
+    if (hdr[0] != 1 || hdr[3] != 0x3b) return uw_fail;
+    struct uw_in in = {hdr + 4, hdr + 4 + 16, false};
+    uw_ptr(&in, hdr[1], (uintptr_t)hdr);
+    uintptr_t count = uw_ptr(&in, hdr[2], (uintptr_t)hdr);
+    if (in.bad || count == 0) return in.bad ? uw_fail : uw_end;
+    const int32_t *table = (const int32_t *)(const void *)in.p;
+    size_t lo = 0, hi = count; /* the last entry starting at or before target */
+    if ((uintptr_t)hdr + table[0] > target) return uw_end;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uintptr_t)hdr + table[2 * mid] <= target)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const uint8_t *fde = hdr + table[2 * lo + 1];
+
+    /* The FDE: length, offset back to its CIE, where and how long its code is. */
+    uint32_t fde_len, cie_off;
+    memcpy(&fde_len, fde, 4);
+    memcpy(&cie_off, fde + 4, 4);
+    if (fde_len == 0 || fde_len == 0xffffffffu || cie_off == 0) return uw_fail;
+    const uint8_t *cie = fde + 4 - cie_off;
+
+    /* The CIE: version, augmentation, alignment factors, return register. */
+    uint32_t cie_len;
+    memcpy(&cie_len, cie, 4);
+    if (cie_len == 0 || cie_len == 0xffffffffu) return uw_fail;
+    struct uw_in c = {cie + 8, cie + 4 + cie_len, false};
+    uint8_t version = (uint8_t)uw_u(&c, 1);
+    const char *aug = (const char *)c.p;
+    size_t aug_len = strnlen(aug, (size_t)(c.end - c.p));
+    c.p += aug_len + 1;
+    if ((version != 1 && version != 3) || c.p > c.end) return uw_fail;
+    uint64_t code_align = uw_uleb(&c);
+    int64_t data_align = uw_sleb(&c);
+    uint64_t ra_reg = version == 1 ? uw_u(&c, 1) : uw_uleb(&c);
+    uint8_t fde_enc = 0; /* absptr */
+    if (aug[0] == 'z') {
+        uint64_t n = uw_uleb(&c);
+        if (n > (uint64_t)(c.end - c.p)) return uw_fail;
+        struct uw_in a = {c.p, c.p + n, false};
+        for (size_t i = 1; i < aug_len; i++) {
+            switch (aug[i]) {
+            case 'R':
+                fde_enc = (uint8_t)uw_u(&a, 1);
+                break;
+            case 'L':
+                uw_u(&a, 1);
+                break;
+            case 'P':
+                uw_ptr(&a, (uint8_t)uw_u(&a, 1), 0);
+                break;
+            case 'B':
+                break;
+            default:
+                return uw_fail; /* 'S': a signal frame; or unknown */
+            }
+        }
+        if (a.bad) return uw_fail;
+        c.p += n;
+    } else if (aug_len != 0) {
+        return uw_fail;
+    }
+    if (c.bad || ra_reg != UW_RA) return uw_fail;
+
+    struct uw_in f = {fde + 8, fde + 4 + fde_len, false};
+    uintptr_t start = uw_ptr(&f, fde_enc, 0);
+    uintptr_t range = uw_ptr(&f, fde_enc & 0x0f, 0);
+    if (aug[0] == 'z') {
+        uint64_t n = uw_uleb(&f);
+        if (n > (uint64_t)(f.end - f.p)) return uw_fail;
+        f.p += n;
+    }
+    if (f.bad) return uw_fail;
+    if (target < start || target - start >= range) return uw_end; /* between functions */
+
+    struct uw_state s = {.cfa_reg = UW_RSP, .rbp_how = UW_SAME, .ra_how = UW_UNDEF};
+    if (!uw_run(&c, start, target, code_align, data_align, &s, &s)) return uw_fail;
+    struct uw_state init = s;
+    if (!uw_run(&f, start, target, code_align, data_align, &s, &init)) return uw_fail;
+
+    if (s.ra_how == UW_UNDEF) return uw_end;
+    if (s.cfa_reg != UW_RSP && s.cfa_reg != UW_RBP) return uw_fail;
+    if (s.ra_how != UW_AT || (s.rbp_how != UW_AT && s.rbp_how != UW_SAME)) return uw_fail;
+    if (s.cfa_off <= 0 || s.cfa_off > INT32_MAX) return uw_fail;
+    if (s.ra_off % 8 != 0 || s.ra_off < -1024 || s.ra_off >= 0) return uw_fail;
+    if (s.rbp_how == UW_AT && (s.rbp_off % 8 != 0 || s.rbp_off < -1024 || s.rbp_off >= 0))
+        return uw_fail;
+    return (struct uw_rule){
+        .cfa_off = (int32_t)s.cfa_off,
+        .rbp_off8 = s.rbp_how == UW_AT ? (int8_t)(s.rbp_off / 8) : 0,
+        .ra_off8 = (int8_t)(s.ra_off / 8),
+        .cfa_rbp = s.cfa_reg == UW_RBP,
+        .kind = UW_STEP,
+    };
+}
+
+/* ---- the table of rules ------------------------------------------------------
+ * Open addressing on the return address. A slot's key is claimed once (CAS
+ * from 0) and its rule written after; a reader that finds the key without
+ * the rule yet, or no room, reads the tables itself. Never emptied: code
+ * unloaded and other code loaded at its addresses would find stale rules;
+ * the walk's bounds keep that to a wrong stack, never a bad read. */
+#define UW_SLOTS 16384 /* return addresses kept; 256 KiB, touched as used */
+#define UW_PROBE 8
+
+struct uw_slot {
+    _Atomic uintptr_t ra;
+    _Atomic uint64_t rule;
+};
+
+static struct uw_slot *uw_table;
+
+bool unwind_start(void) {
+    if (uw_table == NULL) uw_table = os_map_aligned(UW_SLOTS * sizeof *uw_table, HAK_PAGE_SIZE);
+    return uw_table != NULL;
+}
+
+static struct uw_rule uw_lookup(uintptr_t ra) {
+    size_t i = (size_t)((ra * 0x9e3779b97f4a7c15ull) >> 50); /* 14 bits */
+    _Static_assert(UW_SLOTS == 1 << 14, "uw_lookup's shift");
+    for (int probe = 0; probe < UW_PROBE; probe++, i = (i + 1) & (UW_SLOTS - 1)) {
+        struct uw_slot *s = &uw_table[i];
+        uintptr_t key = atomic_load_explicit(&s->ra, memory_order_acquire);
+        if (key == ra) {
+            uint64_t w = atomic_load_explicit(&s->rule, memory_order_acquire);
+            return w != 0 ? uw_unpack(w) : uw_find(ra);
+        }
+        if (key != 0) continue;
+        struct uw_rule r = uw_find(ra);
+        if (atomic_compare_exchange_strong_explicit(&s->ra, &key, ra, memory_order_acq_rel,
+                                                    memory_order_acquire))
+            atomic_store_explicit(&s->rule, uw_pack(r), memory_order_release);
+        return r;
+    }
+    return uw_find(ra);
+}
+
+/* ---- the walk ---------------------------------------------------------------- */
+
+extern void *__libc_stack_end; /* ld.so: the main thread's stack, near its top */
+
+/* The top of the stack that holds sp: glibc puts a thread's descriptor
+ * (pthread_self) at the top of its stack, user-supplied stacks included; the
+ * main thread's is elsewhere, and its stack ends above __libc_stack_end (the
+ * arguments and environment follow). 0: not known (a coroutine's stack, say). */
+static uintptr_t uw_stack_top(uintptr_t sp) {
+    const uintptr_t most = (uintptr_t)1 << 30;
+    uintptr_t self = (uintptr_t)pthread_self();
+    if (sp < self && self - sp < most) return self;
+    uintptr_t end = (uintptr_t)__libc_stack_end;
+    if (sp < end && end - sp < most) return end;
+    return 0;
+}
+
+__attribute__((noinline)) int unwind_stack(void **pc, int max) {
+    if (uw_table == NULL) return -1;
+    uintptr_t ra, sp, bp;
+    /* This function's own state: an address inside it (ra - 1 is in the
+     * lea, after the prologue) and the registers there. */
+    __asm__ volatile("leaq 1f(%%rip), %0\n1:\n\tmovq %%rsp, %1\n\tmovq %%rbp, %2"
+                     : "=r"(ra), "=r"(sp), "=r"(bp));
+    uintptr_t top = uw_stack_top(sp);
+    if (top == 0) return -1;
+    int n = 0;
+    while (n < max) {
+        struct uw_rule r = uw_lookup(ra);
+        if (r.kind == UW_END) break;
+        if (r.kind != UW_STEP) return -1;
+        uintptr_t cfa = (r.cfa_rbp ? bp : sp) + (uintptr_t)(intptr_t)r.cfa_off;
+        /* The caller's frame is above this one and below the top, and so is
+         * what is read at negative offsets from its CFA. */
+        if (cfa <= sp || cfa > top || cfa - sp < 8) break;
+        uintptr_t ra_at = cfa + (uintptr_t)(intptr_t)r.ra_off8 * 8;
+        if (ra_at < sp) break;
+        if (r.rbp_off8 != 0) {
+            uintptr_t bp_at = cfa + (uintptr_t)(intptr_t)r.rbp_off8 * 8;
+            if (bp_at < sp) break;
+            bp = *(const uintptr_t *)bp_at;
+        }
+        ra = *(const uintptr_t *)ra_at;
+        sp = cfa;
+        if (ra == 0) break;
+        pc[n++] = (void *)ra;
+    }
+    return n;
+}
+
+#else /* no reader for this platform: backtrace() every time */
+
+bool unwind_start(void) {
+    return true;
+}
+
+int unwind_stack(void **pc, int max) {
+    (void)pc;
+    (void)max;
+    return -1;
+}
+
+#endif
