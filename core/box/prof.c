@@ -84,16 +84,32 @@ static double prof_ln(double x) {
     return e * 0.6931471805599453 + series;
 }
 
-/* exp(-x) for x >= 0: 2^-k exp(r), |r| <= ln(2)/2, exp(r) by its series. */
+/* exp(-x) for x >= 0: 2^-k exp(r), |r| <= ln(2)/2, exp(r) by its series
+ * to r^13 (Horner, with 1/k! written out: no division). */
 static double prof_exp_neg(double x) {
     if (x > 700) return 0;
     const double ln2 = 0.6931471805599453;
     int64_t k = (int64_t)(x / ln2 + 0.5);
-    double r = (double)k * ln2 - x, t = 1, sum = 1;
-    for (int i = 1; i <= 13; i++) {
-        t *= r / i;
-        sum += t;
-    }
+    double r = (double)k * ln2 - x;
+    static const double inv_fact[14] = {
+        1.0,
+        1.0,
+        1.0 / 2,
+        1.0 / 6,
+        1.0 / 24,
+        1.0 / 120,
+        1.0 / 720,
+        1.0 / 5040,
+        1.0 / 40320,
+        1.0 / 362880,
+        1.0 / 3628800,
+        1.0 / 39916800,
+        1.0 / 479001600,
+        1.0 / 6227020800,
+    };
+    double sum = inv_fact[13];
+    for (int i = 12; i >= 0; i--)
+        sum = sum * r + inv_fact[i];
     union {
         double d;
         uint64_t u;

@@ -19,17 +19,18 @@
  * CFA + 8 ra_off8; %rbp was saved at CFA + 8 rbp_off8 (0: not saved, the
  * caller's is the same). Packed in a word so that a table slot is read whole. */
 enum uw_kind {
-    UW_STEP = 1, /* a frame to step out of */
-    UW_END,      /* the outermost frame (return address undefined), or code no table covers */
-    UW_FAIL,     /* a rule this box does not read */
+    UW_RSP_CFA = 1, /* a frame to step out of, its CFA from %rsp */
+    UW_RBP_CFA,     /* the same, from %rbp */
+    UW_END,         /* the outermost frame (return address undefined), or code no table covers */
+    UW_FAIL,        /* a rule this box does not read */
 };
 
 struct uw_rule {
     int32_t cfa_off;
     int8_t rbp_off8;
     int8_t ra_off8;
-    uint8_t cfa_rbp; /* the CFA is %rbp-based */
-    uint8_t kind;    /* enum uw_kind; never 0, so a written rule is never 0 */
+    uint8_t span8; /* 8 * this: the most below the CFA that is read */
+    uint8_t kind;  /* enum uw_kind; never 0, so a written rule is never 0 */
 };
 _Static_assert(sizeof(struct uw_rule) == sizeof(uint64_t), "a rule is one word");
 
@@ -383,16 +384,17 @@ static struct uw_rule uw_find(uintptr_t ra) {
     if (s.ra_how == UW_UNDEF) return uw_end;
     if (s.cfa_reg != UW_RSP && s.cfa_reg != UW_RBP) return uw_fail;
     if (s.ra_how != UW_AT || (s.rbp_how != UW_AT && s.rbp_how != UW_SAME)) return uw_fail;
-    if (s.cfa_off <= 0 || s.cfa_off > INT32_MAX) return uw_fail;
+    if (s.cfa_off < 8 || s.cfa_off > INT32_MAX) return uw_fail;
     if (s.ra_off % 8 != 0 || s.ra_off < -1024 || s.ra_off >= 0) return uw_fail;
     if (s.rbp_how == UW_AT && (s.rbp_off % 8 != 0 || s.rbp_off < -1024 || s.rbp_off >= 0))
         return uw_fail;
+    int8_t rbp8 = s.rbp_how == UW_AT ? (int8_t)(s.rbp_off / 8) : 0, ra8 = (int8_t)(s.ra_off / 8);
     return (struct uw_rule){
         .cfa_off = (int32_t)s.cfa_off,
-        .rbp_off8 = s.rbp_how == UW_AT ? (int8_t)(s.rbp_off / 8) : 0,
-        .ra_off8 = (int8_t)(s.ra_off / 8),
-        .cfa_rbp = s.cfa_reg == UW_RBP,
-        .kind = UW_STEP,
+        .rbp_off8 = rbp8,
+        .ra_off8 = ra8,
+        .span8 = (uint8_t)(rbp8 < ra8 ? -rbp8 : -ra8),
+        .kind = s.cfa_reg == UW_RBP ? UW_RBP_CFA : UW_RSP_CFA,
     };
 }
 
@@ -454,6 +456,15 @@ static uintptr_t uw_stack_top(uintptr_t sp) {
     return 0;
 }
 
+/* The rules of this thread's last walk, by depth: a sample from the same
+ * place as the last finds its frames' rules here, in a few cache lines,
+ * instead of across the table. */
+#define UW_MEMO 32
+static __thread struct {
+    uintptr_t ra;
+    uint64_t rule;
+} uw_memo[UW_MEMO];
+
 __attribute__((noinline)) int unwind_stack(void **pc, int max) {
     if (uw_table == NULL) return -1;
     uintptr_t ra, sp, bp;
@@ -464,22 +475,25 @@ __attribute__((noinline)) int unwind_stack(void **pc, int max) {
     uintptr_t top = uw_stack_top(sp);
     if (top == 0) return -1;
     int n = 0;
-    while (n < max) {
-        struct uw_rule r = uw_lookup(ra);
-        if (r.kind == UW_END) break;
-        if (r.kind != UW_STEP) return -1;
-        uintptr_t cfa = (r.cfa_rbp ? bp : sp) + (uintptr_t)(intptr_t)r.cfa_off;
-        /* The caller's frame is above this one and below the top, and so is
-         * what is read at negative offsets from its CFA. */
-        if (cfa <= sp || cfa > top || cfa - sp < 8) break;
-        uintptr_t ra_at = cfa + (uintptr_t)(intptr_t)r.ra_off8 * 8;
-        if (ra_at < sp) break;
-        if (r.rbp_off8 != 0) {
-            uintptr_t bp_at = cfa + (uintptr_t)(intptr_t)r.rbp_off8 * 8;
-            if (bp_at < sp) break;
-            bp = *(const uintptr_t *)bp_at;
+    for (int depth = 0; n < max; depth++) {
+        struct uw_rule r;
+        if (depth < UW_MEMO && uw_memo[depth].ra == ra) {
+            r = uw_unpack(uw_memo[depth].rule);
+        } else {
+            r = uw_lookup(ra);
+            if (depth < UW_MEMO) {
+                uw_memo[depth].ra = ra;
+                uw_memo[depth].rule = uw_pack(r);
+            }
         }
-        ra = *(const uintptr_t *)ra_at;
+        if (r.kind == UW_END) break;
+        if (r.kind == UW_FAIL) return -1;
+        uintptr_t cfa = (r.kind == UW_RBP_CFA ? bp : sp) + (uintptr_t)(intptr_t)r.cfa_off;
+        /* What is read (span8 words below the CFA) lies in the caller's
+         * part of the stack: above this frame's %rsp, below the top. */
+        if (cfa > top || cfa < sp + 8 * (uintptr_t)r.span8) break;
+        if (r.rbp_off8 != 0) bp = *(const uintptr_t *)(cfa + (uintptr_t)(intptr_t)r.rbp_off8 * 8);
+        ra = *(const uintptr_t *)(cfa + (uintptr_t)(intptr_t)r.ra_off8 * 8);
         sp = cfa;
         if (ra == 0) break;
         pc[n++] = (void *)ra;
