@@ -828,6 +828,10 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
     if (hak_unlikely(h->sampled)) { /* its record would keep the old size (or address) */
         prof_forget(p);
         h->sampled = false;
+        /* A small block the profiler moved here: its realloc goes where any
+         * block of its new size would (the caller's move; it may be sampled
+         * again), not on as a Large block growing a page at a time. */
+        if (h->req <= HAK_SMALL_MAX && n <= HAK_SMALL_MAX) return NULL;
     }
     size_t off = h->offset;
     if (n > HAK_MAX_REQUEST - off - 2 * HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */

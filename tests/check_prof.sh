@@ -89,7 +89,46 @@ HAKMEM_PROF=1 HAKMEM_PROF_FILE="$tmp/forks/%p.heap" LD_PRELOAD=$lib ./fork || fa
 n=$(find forks -name '*.heap' | wc -l)
 [ "$n" -eq 2 ] || fail "expected 2 profiles (parent, exiting child), got $n"
 
-# 3. Every allocation sampled: real programs still run to their end.
+# 3. Every allocation sampled: realloc of sampled blocks keeps their bytes
+# as they grow and shrink through every tier, and real programs still run to
+# their end.
+cat >grow.c <<'C'
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static void check(const unsigned char *p, size_t n, unsigned char seed) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (unsigned char)(seed + i * 7)) {
+            fprintf(stderr, "byte %zu of %zu lost\n", i, n);
+            exit(1);
+        }
+}
+int main(void) {
+    static const size_t sizes[] = {16, 40, 100, 1000, 3000, 20000, 70000, 300000, 1 << 20,
+                                   3 << 20, 500000, 5000, 64, 24, 2 << 20, 8};
+    for (int round = 0; round < 50; round++) {
+        unsigned char seed = (unsigned char)round;
+        unsigned char *p = NULL;
+        size_t had = 0;
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            size_t n = sizes[(k + round) % (sizeof sizes / sizeof sizes[0])];
+            p = realloc(p, n);
+            if (p == NULL || malloc_usable_size(p) < n) return 1;
+            check(p, had < n ? had : n, seed);
+            for (size_t i = 0; i < n; i++)
+                p[i] = (unsigned char)(seed + i * 7);
+            had = n;
+        }
+        free(p);
+    }
+    return 0;
+}
+C
+cc -O1 grow.c -o grow
+LD_PRELOAD=$lib HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 HAKMEM_PROF_FILE="$tmp/grow.heap" ./grow \
+  || fail "realloc of sampled blocks lost bytes or failed"
+head -1 grow.heap | grep -q '^heap profile: *0: *0 ' || fail "freed samples left in the profile: $(head -1 grow.heap)"
 export HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 HAKMEM_PROF_FILE="$tmp/all.%p.heap"
 LD_PRELOAD=$lib sh -c 'for i in 1 2 3; do echo $i; done | sort -r >/dev/null' || fail "sh failed sampling all"
 LD_PRELOAD=$lib python3 -c 'import json; json.dumps([{"a": str(i)} for i in range(20000)])' \

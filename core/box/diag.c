@@ -36,14 +36,18 @@ void diag_hex(struct diag_buf *b, uint64_t v) {
     diag_digits(b, v, 16, 0);
 }
 
-bool diag_flush(struct diag_buf *b, int fd) {
+bool diag_write(int fd, const void *s, size_t n) {
     size_t off = 0;
-    while (off < b->n) {
-        ssize_t w = write(fd, b->s + off, b->n - off);
+    while (off < n) {
+        ssize_t w = write(fd, (const char *)s + off, n - off);
         if (w <= 0) break;
         off += (size_t)w;
     }
-    bool all = off == b->n;
+    return off == n;
+}
+
+bool diag_flush(struct diag_buf *b, int fd) {
+    bool all = diag_write(fd, b->s, b->n);
     b->n = 0;
     return all;
 }

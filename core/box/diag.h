@@ -63,6 +63,8 @@ void diag_u64(struct diag_buf *b, uint64_t v);
 void diag_hex(struct diag_buf *b, uint64_t v);
 /* Right-aligned in `width` columns. */
 void diag_u64w(struct diag_buf *b, uint64_t v, int width);
+/* All n bytes of s to fd (retrying short writes); false if some were not written. */
+bool diag_write(int fd, const void *s, size_t n);
 /* Write it all to fd and empty it; false when a write failed. */
 bool diag_flush(struct diag_buf *b, int fd);
 

@@ -292,11 +292,10 @@ static void prof_put_maps(struct diag_buf *b, int fd, bool *ok) {
         *ok = false;
         return;
     }
+    char buf[8192]; /* few reads: the kernel makes the text again for each */
     ssize_t got;
-    while ((got = read(in, b->s, sizeof b->s)) > 0) {
-        b->n = (size_t)got;
-        if (!diag_flush(b, fd)) *ok = false;
-    }
+    while ((got = read(in, buf, sizeof buf)) > 0)
+        if (!diag_write(fd, buf, (size_t)got)) *ok = false;
     if (got < 0) *ok = false;
     close(in);
 }
