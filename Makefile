@@ -233,7 +233,7 @@ install: release
 
 format:
 	clang-format -i $(SRCS) $(HDRS) $(TEST_SRCS) $(BENCH_SRCS) tests/test_cxx.cc tests/real/*.cpp \
-		tools/*.c
+		tools/*.c tests/unwind/*.c
 
 clean:
 	rm -rf out

@@ -117,10 +117,11 @@ HAKMEM_CHECK=1 run_bins "$checked_bins"
 # Project checks, one test each: OS calls only in the OS boundary; boxes
 # include no tier or front header; make install + pkg-config produce a
 # working shared and static link; the hakmem command runs programs on the
-# library; the heap profiler's profiles read by google-pprof; the bench
+# library; the heap profiler's profiles read by google-pprof; its stack
+# walker after a library is unloaded and another loaded in its place; the bench
 # report's ratios and chart (bench/chart.py) from synthetic results.
 for check in tests/check_os_boundary.sh tests/check_layers.sh tests/check_install.sh \
-    tests/check_command.sh tests/check_prof.sh tests/check_bench_report.sh; do
+    tests/check_command.sh tests/check_prof.sh tests/check_unwind.sh tests/check_bench_report.sh; do
     if "$check"; then
         passed=$((passed + 1))
     else

@@ -10,6 +10,8 @@
     (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
 
 #include <dlfcn.h>
+#include <link.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -293,7 +295,8 @@ static bool uw_run(struct uw_in *in, uintptr_t loc, uintptr_t target, uint64_t c
 static struct uw_rule uw_find(uintptr_t ra) {
     uintptr_t target = ra - 1; /* in the call, even when it ends its function */
     struct dl_find_object dlfo;
-    if (_dl_find_object((void *)target, &dlfo) != 0 || dlfo.dlfo_eh_frame == NULL) return uw_end;
+    /* No object here (JIT code, which libgcc may know of): backtrace(). */
+    if (_dl_find_object((void *)target, &dlfo) != 0 || dlfo.dlfo_eh_frame == NULL) return uw_fail;
 
     /* .eh_frame_hdr: version 1, three encodings, the .eh_frame pointer, the
      * count and a table of (start, FDE) sorted by start, both relative to
@@ -320,13 +323,13 @@ static struct uw_rule uw_find(uintptr_t ra) {
     uint32_t fde_len, cie_off;
     memcpy(&fde_len, fde, 4);
     memcpy(&cie_off, fde + 4, 4);
-    if (fde_len == 0 || fde_len == 0xffffffffu || cie_off == 0) return uw_fail;
+    if (fde_len < 8 || fde_len == 0xffffffffu || cie_off == 0) return uw_fail;
     const uint8_t *cie = fde + 4 - cie_off;
 
     /* The CIE: version, augmentation, alignment factors, return register. */
     uint32_t cie_len;
     memcpy(&cie_len, cie, 4);
-    if (cie_len == 0 || cie_len == 0xffffffffu) return uw_fail;
+    if (cie_len < 8 || cie_len == 0xffffffffu) return uw_fail;
     struct uw_in c = {cie + 8, cie + 4 + cie_len, false};
     uint8_t version = (uint8_t)uw_u(&c, 1);
     const char *aug = (const char *)c.p;
@@ -363,7 +366,8 @@ static struct uw_rule uw_find(uintptr_t ra) {
     } else if (aug_len != 0) {
         return uw_fail;
     }
-    if (c.bad || ra_reg != UW_RA) return uw_fail;
+    /* The FDE's own addresses: absolute or pcrel, read in place. */
+    if (c.bad || ra_reg != UW_RA || (fde_enc & 0xf0 & ~0x10) != 0) return uw_fail;
 
     struct uw_in f = {fde + 8, fde + 4 + fde_len, false};
     uintptr_t start = uw_ptr(&f, fde_enc, 0);
@@ -399,16 +403,21 @@ static struct uw_rule uw_find(uintptr_t ra) {
 }
 
 /* ---- the table of rules ------------------------------------------------------
- * Open addressing on the return address. A slot's key is claimed once (CAS
- * from 0) and its rule written after; a reader that finds the key without
- * the rule yet, or no room, reads the tables itself. Never emptied: code
- * unloaded and other code loaded at its addresses would find stale rules;
- * the walk's bounds keep that to a wrong stack, never a bad read. */
-#define UW_SLOTS 16384 /* return addresses kept; 256 KiB, touched as used */
-#define UW_PROBE 8
+ * Open addressing on a key: the return address, with the count of objects
+ * unloaded so far (the generation) in its top 16 bits. A library unloaded and
+ * another loaded at its addresses must not be read with the first one's
+ * rules: after an unload no key of the old generation matches again. A slot
+ * is claimed once (CAS from 0) and its rule written after; a reader that
+ * finds the key without the rule yet, or no room, reads the tables itself.
+ * Slots of old generations are not reused (a reader could pair a new key with
+ * an old rule): a program that unloads libraries often fills the table, and
+ * its walks then read the tables each time, correct but slower. */
+#define UW_SLOTS   16384 /* return addresses kept; 256 KiB, touched as used */
+#define UW_PROBE   8
+#define UW_GEN_MAX 0xffff /* generations a key can tell apart; past it, no caching */
 
 struct uw_slot {
-    _Atomic uintptr_t ra;
+    _Atomic uint64_t key;
     _Atomic uint64_t rule;
 };
 
@@ -419,19 +428,19 @@ bool unwind_start(void) {
     return uw_table != NULL;
 }
 
-static struct uw_rule uw_lookup(uintptr_t ra) {
-    size_t i = (size_t)((ra * 0x9e3779b97f4a7c15ull) >> 50); /* 14 bits */
+static struct uw_rule uw_lookup(uint64_t key, uintptr_t ra) {
+    size_t i = (size_t)((key * 0x9e3779b97f4a7c15ull) >> 50); /* 14 bits */
     _Static_assert(UW_SLOTS == 1 << 14, "uw_lookup's shift");
     for (int probe = 0; probe < UW_PROBE; probe++, i = (i + 1) & (UW_SLOTS - 1)) {
         struct uw_slot *s = &uw_table[i];
-        uintptr_t key = atomic_load_explicit(&s->ra, memory_order_acquire);
-        if (key == ra) {
+        uint64_t k = atomic_load_explicit(&s->key, memory_order_acquire);
+        if (k == key) {
             uint64_t w = atomic_load_explicit(&s->rule, memory_order_acquire);
             return w != 0 ? uw_unpack(w) : uw_find(ra);
         }
-        if (key != 0) continue;
+        if (k != 0) continue;
         struct uw_rule r = uw_find(ra);
-        if (atomic_compare_exchange_strong_explicit(&s->ra, &key, ra, memory_order_acq_rel,
+        if (atomic_compare_exchange_strong_explicit(&s->key, &k, key, memory_order_acq_rel,
                                                     memory_order_acquire))
             atomic_store_explicit(&s->rule, uw_pack(r), memory_order_release);
         return r;
@@ -439,50 +448,75 @@ static struct uw_rule uw_lookup(uintptr_t ra) {
     return uw_find(ra);
 }
 
+/* dl_iterate_phdr: the loader's count of objects unloaded (from the first
+ * object; the count is global). */
+static int uw_subs(struct dl_phdr_info *info, size_t size, void *arg) {
+    if (size < offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs) return -1;
+    *(unsigned long long *)arg = info->dlpi_subs;
+    return 1;
+}
+
 /* ---- the walk ---------------------------------------------------------------- */
 
-extern void *__libc_stack_end; /* ld.so: the main thread's stack, near its top */
+/* This thread's stack, asked of glibc at its first walk (pthread_getattr_np,
+ * which may allocate: the caller's allocations then are not sampled). A walk
+ * reads only between its %rsp and the top of this range; a walk on another
+ * stack (a coroutine's, a signal stack) is left to backtrace(). */
+static __thread struct {
+    uintptr_t lo, hi;
+    int state; /* 0: not asked yet; 1: known; -1: unknown */
+} uw_stack;
 
-/* The top of the stack that holds sp: glibc puts a thread's descriptor
- * (pthread_self) at the top of its stack, user-supplied stacks included; the
- * main thread's is elsewhere, and its stack ends above __libc_stack_end (the
- * arguments and environment follow). 0: not known (a coroutine's stack, say). */
-static uintptr_t uw_stack_top(uintptr_t sp) {
-    const uintptr_t most = (uintptr_t)1 << 30;
-    uintptr_t self = (uintptr_t)pthread_self();
-    if (sp < self && self - sp < most) return self;
-    uintptr_t end = (uintptr_t)__libc_stack_end;
-    if (sp < end && end - sp < most) return end;
-    return 0;
+static bool uw_stack_known(void) {
+    if (hak_likely(uw_stack.state != 0)) return uw_stack.state > 0;
+    uw_stack.state = -1;
+    pthread_attr_t a;
+    if (pthread_getattr_np(pthread_self(), &a) != 0) return false;
+    void *addr;
+    size_t size;
+    if (pthread_attr_getstack(&a, &addr, &size) == 0 && size != 0) {
+        uw_stack.lo = (uintptr_t)addr;
+        uw_stack.hi = (uintptr_t)addr + size;
+        uw_stack.state = 1;
+    }
+    pthread_attr_destroy(&a);
+    return uw_stack.state > 0;
 }
 
 /* The rules of this thread's last walk, by depth: a sample from the same
  * place as the last finds its frames' rules here, in a few cache lines,
- * instead of across the table. */
+ * instead of across the table. Keyed as the table is. */
 #define UW_MEMO 32
 static __thread struct {
-    uintptr_t ra;
+    uint64_t key;
     uint64_t rule;
 } uw_memo[UW_MEMO];
 
 __attribute__((noinline)) int unwind_stack(void **pc, int max) {
-    if (uw_table == NULL) return -1;
+    if (uw_table == NULL || !uw_stack_known()) return -1;
     uintptr_t ra, sp, bp;
     /* This function's own state: an address inside it (ra - 1 is in the
      * lea, after the prologue) and the registers there. */
     __asm__ volatile("leaq 1f(%%rip), %0\n1:\n\tmovq %%rsp, %1\n\tmovq %%rbp, %2"
                      : "=r"(ra), "=r"(sp), "=r"(bp));
-    uintptr_t top = uw_stack_top(sp);
-    if (top == 0) return -1;
+    uintptr_t top = uw_stack.hi;
+    if (sp < uw_stack.lo || sp >= top) return -1;
+    unsigned long long gen = 0;
+    if (dl_iterate_phdr(uw_subs, &gen) != 1) return -1;
+    bool cache = gen < UW_GEN_MAX;
     int n = 0;
     for (int depth = 0; n < max; depth++) {
+        if (ra >> 48 != 0) return -1; /* not a user-space code address */
+        uint64_t key = ra | (uint64_t)gen << 48;
         struct uw_rule r;
-        if (depth < UW_MEMO && uw_memo[depth].ra == ra) {
+        if (!cache) {
+            r = uw_find(ra);
+        } else if (depth < UW_MEMO && uw_memo[depth].key == key) {
             r = uw_unpack(uw_memo[depth].rule);
         } else {
-            r = uw_lookup(ra);
+            r = uw_lookup(key, ra);
             if (depth < UW_MEMO) {
-                uw_memo[depth].ra = ra;
+                uw_memo[depth].key = key;
                 uw_memo[depth].rule = uw_pack(r);
             }
         }
@@ -490,8 +524,9 @@ __attribute__((noinline)) int unwind_stack(void **pc, int max) {
         if (r.kind == UW_FAIL) return -1;
         uintptr_t cfa = (r.kind == UW_RBP_CFA ? bp : sp) + (uintptr_t)(intptr_t)r.cfa_off;
         /* What is read (span8 words below the CFA) lies in the caller's
-         * part of the stack: above this frame's %rsp, below the top. */
-        if (cfa > top || cfa < sp + 8 * (uintptr_t)r.span8) break;
+         * part of the stack: above this frame's %rsp, below the top. A walk
+         * that would leave it went wrong somewhere: backtrace() instead. */
+        if (cfa > top || cfa < sp + 8 * (uintptr_t)r.span8) return -1;
         if (r.rbp_off8 != 0) bp = *(const uintptr_t *)(cfa + (uintptr_t)(intptr_t)r.rbp_off8 * 8);
         ra = *(const uintptr_t *)(cfa + (uintptr_t)(intptr_t)r.ra_off8 * 8);
         sp = cfa;

@@ -7,10 +7,13 @@
  * where libgcc searches for the function and runs its CFA program again.
  *
  * Rules it does not read (DWARF expressions, signal frames, a CFA kept in a
- * register other than %rsp or %rbp, other architectures) make unwind_stack
- * fail, and the caller uses glibc's backtrace() for that sample. It reads
- * only the calling thread's stack, between its stack pointer and the top of
- * its stack; where that top is not known, it fails too. */
+ * register other than %rsp or %rbp, other architectures), code outside any
+ * loaded object, and stacks other than the thread's own (a coroutine's, a
+ * signal stack) make unwind_stack fail, and the caller uses glibc's
+ * backtrace() for that sample. It reads only the calling thread's stack,
+ * between its stack pointer and the top of its stack. Rules are kept per
+ * generation of loaded objects: after a library is unloaded, none kept
+ * before is used again. */
 #ifndef HAK_UNWIND_H
 #define HAK_UNWIND_H
 
@@ -21,9 +24,13 @@ bool unwind_start(void);
 
 /* Up to max return addresses, starting with the one into the caller of
  * unwind_stack (as backtrace()); the number written, or -1 if the walk met a
- * frame it cannot read (then pc[] holds nothing of use). It never allocates
- * and takes no lock; a return address seen for the first time costs a search
- * of its object's tables (glibc's _dl_find_object, which is lock-free). */
+ * frame it cannot read (then pc[] holds nothing of use). Each walk asks the
+ * loader for its count of unloaded objects (dl_iterate_phdr, a lock held for
+ * a moment); a thread's first walk asks glibc for its stack's bounds
+ * (pthread_getattr_np, which may allocate: call it where an allocation does
+ * not recurse); a return address seen for the first time costs a search of
+ * its object's tables (_dl_find_object, lock-free). Nothing else allocates
+ * or locks. */
 int unwind_stack(void **pc, int max);
 
 #endif
