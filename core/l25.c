@@ -569,7 +569,10 @@ bool l25_trim(void) {
     return released;
 }
 
-static bool l25_purge(uint64_t now) {
+/* Every shard's ageing step: under its lock, the empty bundles aged (by
+ * their own clocks) and then visit(s, arg); the unmaps and decommits that
+ * asked for after the lock. True if some memory went back. */
+static bool l25_sweep(uint64_t now, bool (*visit)(struct l25_shard *, void *), void *arg) {
     bool released = false;
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
@@ -577,21 +580,7 @@ static bool l25_purge(uint64_t now) {
             struct l25_todo todo = {.n = 0};
             hak_lock(&s->lock);
             if (s->empty) l25_tidy_empty(s, now, &todo);
-            for (struct l25_bundle *b = s->partial; b; b = b->next) {
-                if (b->dirty == NULL) continue;
-                /* Free since the previous pass and never taken since: a
-                 * whole period unused (whatever else the bundle saw); and
-                 * any other free block but the L25_KEEP_FREE lowest of the
-                 * shard's first bundle, the ones its refills take next
-                 * (first bundle, lowest blocks first). */
-                uint64_t keep = 0, avail = b->avail1 & b->dirty1;
-                for (int k = 0; k < L25_KEEP_FREE && avail && b == s->partial; k++) {
-                    keep |= avail & -avail;
-                    avail &= avail - 1;
-                }
-                released |= l25_decommit_free(b, b->stale1 | ~keep);
-                b->stale1 = b->avail1 & b->dirty1; /* free now, pages and all */
-            }
+            released |= visit(s, arg);
             hak_unlock(&s->lock);
             if (todo.n) {
                 l25_release(s, &todo);
@@ -600,6 +589,33 @@ static bool l25_purge(uint64_t now) {
         }
     }
     return released;
+}
+
+/* The pass over a shard's partly used bundles: decommit their free blocks'
+ * pages. */
+static bool l25_purge_shard(struct l25_shard *s, void *arg) {
+    (void)arg;
+    bool released = false;
+    for (struct l25_bundle *b = s->partial; b; b = b->next) {
+        if (b->dirty == NULL) continue;
+        /* Free since the previous pass and never taken since: a whole
+         * period unused (whatever else the bundle saw); and any other free
+         * block but the L25_KEEP_FREE lowest of the shard's first bundle,
+         * the ones its refills take next (first bundle, lowest blocks
+         * first). */
+        uint64_t keep = 0, avail = b->avail1 & b->dirty1;
+        for (int k = 0; k < L25_KEEP_FREE && avail && b == s->partial; k++) {
+            keep |= avail & -avail;
+            avail &= avail - 1;
+        }
+        released |= l25_decommit_free(b, b->stale1 | ~keep);
+        b->stale1 = b->avail1 & b->dirty1; /* free now, pages and all */
+    }
+    return released;
+}
+
+static bool l25_purge(uint64_t now) {
+    return l25_sweep(now, l25_purge_shard, NULL);
 }
 
 bool l25_age(void) {
@@ -612,27 +628,29 @@ bool l25_age(void) {
     return l25_purge(now);
 }
 
+/* What l25_age_next learns of the shards: when the next empty bundle is
+ * due, and whether a partly used bundle has free blocks with pages. */
+struct l25_due {
+    uint64_t next;
+    bool dirty;
+};
+
+static bool l25_due_shard(struct l25_shard *s, void *arg) {
+    struct l25_due *d = arg;
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    for (struct l25_bundle *b = s->empty; b && b->committed; b = b->next)
+        if (b->empty_ms + age < d->next) d->next = b->empty_ms + age;
+    for (struct l25_bundle *b = s->partial; b && !d->dirty; b = b->next)
+        d->dirty = b->dirty != NULL && (b->avail1 & b->dirty1) != 0;
+    return false;
+}
+
 uint64_t l25_age_next(void) {
     l25_age(); /* the pass over the partly used bundles, when due */
-    uint64_t now = hak_now_ms(), age = hak_cfg.bigcache_age_ms, next = UINT64_MAX;
-    bool dirty = false; /* a free block of a partly used bundle may hold pages */
-    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
-        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
-            struct l25_shard *s = &l25_shards[cls][sh];
-            struct l25_todo todo = {.n = 0};
-            hak_lock(&s->lock);
-            /* Empty bundles age by their own clocks, not the passes'. */
-            if (s->empty) l25_tidy_empty(s, now, &todo);
-            for (struct l25_bundle *b = s->empty; b && b->committed; b = b->next)
-                if (b->empty_ms + age < next) next = b->empty_ms + age;
-            for (struct l25_bundle *b = s->partial; b && !dirty; b = b->next)
-                dirty = b->dirty != NULL && (b->avail1 & b->dirty1) != 0;
-            hak_unlock(&s->lock);
-            if (todo.n) l25_release(s, &todo);
-        }
-    }
+    struct l25_due d = {.next = UINT64_MAX, .dirty = false};
+    l25_sweep(hak_now_ms(), l25_due_shard, &d);
     uint64_t pass = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
-    return dirty && pass < next ? pass : next;
+    return d.dirty && pass < d.next ? pass : d.next;
 }
 
 /* ---- fork and stats -------------------------------------------------------------- */
