@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "rng.h"
 #include "death.h"
 #include "front/background.h"
 
@@ -107,14 +108,6 @@ struct blk {
     void *p;
     size_t n;
 };
-
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
 
 /* A size of tier t (0 Tiny and small-mid, 1 Pool, 2 L2.5, 3 Large). */
 static size_t tier_size(int t, uint64_t *rng) {

@@ -21,6 +21,8 @@
 
 #include <cmocka.h>
 
+#include "rng.h"
+
 #define KiB ((size_t)1024)
 #define MiB (KiB * 1024)
 
@@ -28,14 +30,6 @@
 
 /* Child exit codes, so a failure says what went wrong. */
 enum { CHILD_OK = 0, CHILD_NULL = 2, CHILD_PATTERN = 3, CHILD_ALIGN = 4, CHILD_THREAD = 5 };
-
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
 
 static unsigned char pat(uintptr_t base, size_t n, size_t i) {
     return (unsigned char)((base >> 4) + n * 13 + i * 7 + (i >> 8));

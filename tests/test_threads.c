@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "rng.h"
+
 #include "box/rmap.h"
 
 #define KiB ((size_t)1024)
@@ -47,14 +49,6 @@ static void assert_no_errors(void) {
 }
 
 /* ---- patterns ------------------------------------------------------------ */
-
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
 
 /* Word i of a block holds a hash of (address, size, i): a block that moved,
  * got a neighbour's data, or was reused while live fails the check. */
