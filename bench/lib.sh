@@ -17,7 +17,8 @@ find_lib() {
 # The library to LD_PRELOAD for allocator NAME: nothing for glibc, hakmem's
 # from $HAKMEM_SO (also for hakmem-check: hakmem with HAKMEM_CHECK=1, and
 # hakmem-prof: with the heap profiler on; see allocator_env), Debian's
-# mimalloc and jemalloc. Status 1 when it is not
+# mimalloc and jemalloc (also jemalloc-prof: with jemalloc's own heap profiler
+# on, sampling at the same mean rate, to set hakmem-prof's cost beside it). Status 1 when it is not
 # there (not built, not installed), 2 for a name none of these.
 allocator_so() {
     local p=
@@ -25,7 +26,7 @@ allocator_so() {
     glibc) return 0 ;;
     hakmem | hakmem-check | hakmem-prof) [ -r "$HAKMEM_SO" ] && p=$(realpath "$HAKMEM_SO") ;;
     mimalloc) p=$(find_lib libmimalloc.so.2 libmimalloc2.0) ;;
-    jemalloc) p=$(find_lib libjemalloc.so.2 libjemalloc2) ;;
+    jemalloc | jemalloc-prof) p=$(find_lib libjemalloc.so.2 libjemalloc2) ;;
     *) return 2 ;;
     esac
     [ -n "$p" ] || return 1
@@ -37,6 +38,8 @@ allocator_env() {
     case $1 in
     hakmem-check) echo HAKMEM_CHECK=1 ;;
     hakmem-prof) echo HAKMEM_PROF=1 HAKMEM_PROF_FILE=/dev/null ;; # (the dump is timed too)
+    # 2^19 bytes = hakmem's HAKMEM_PROF_SAMPLE default; no dump at exit (it would litter)
+    jemalloc-prof) echo MALLOC_CONF=prof:true,lg_prof_sample:19 ;;
     esac
 }
 
@@ -54,7 +57,7 @@ pick_allocators() {
         rc=0
         so=$(allocator_so "$a") || rc=$?
         if [ $rc -eq 2 ]; then
-            echo "$prog: unknown allocator '$a' (known: glibc hakmem hakmem-check hakmem-prof mimalloc jemalloc)" >&2
+            echo "$prog: unknown allocator '$a' (known: glibc hakmem hakmem-check hakmem-prof mimalloc jemalloc jemalloc-prof)" >&2
             exit 2
         elif [ $rc -ne 0 ]; then
             echo "$prog: WARNING: no library for $a (not built, or run bench/deps.sh); skipping it" >&2

@@ -128,9 +128,9 @@ for a in "${allocs[@]}"; do
         fi
         VER[$a]="hakmem ${v:-?} ($rev, built $(date -r "${SO[$a]}" '+%F %T'))"
         ;;
-    mimalloc | jemalloc)
+    mimalloc | jemalloc | jemalloc-prof)
         pkg=libmimalloc2.0
-        [ "$a" = jemalloc ] && pkg=libjemalloc2
+        [ "$a" != mimalloc ] && pkg=libjemalloc2
         owner=$(dpkg -S "$(realpath "${SO[$a]}")" 2>/dev/null | cut -d: -f1 | head -1)
         VER[$a]="$a $(pkg_version "${owner:-$pkg}")"
         ;;

@@ -546,6 +546,94 @@ static void large_populate(struct large_hdr *h, size_t n, size_t need) {
     h->ready = to;
 }
 
+/* Mapping h (its map_size, thp and guarded set) becomes the live block of
+ * `size` bytes at offset `off`. `clean`: as large_cache_take's. */
+static void *large_open(struct large_hdr *h, size_t off, size_t size, bool growing, bool zero,
+                        size_t clean) {
+    h->magic = LARGE_LIVE;
+    h->offset = off;
+    h->user = (uint8_t *)h + off;
+    *large_canary(h->user) = large_canary_value();
+    h->req = size;
+    h->growing = growing;
+    h->sampled = false;
+    /* A growing block's pages come in by large_populate as it grows, unless
+     * a cached mapping had them already (`clean` may count the part a split
+     * left in the cache); any other block's as touched. */
+    size_t room = large_room(h);
+    h->ready = growing && clean < room ? clean : room;
+    if (zero && clean > off) memset(h->user, 0, clean - off < size ? clean - off : size);
+    large_add(&large_n_allocs, 1);
+    large_add(&large_live_blocks, 1);
+    large_live_add((int64_t)h->map_size);
+    return h->user;
+}
+
+/* Spares: the mappings of freed sampled blocks that are not Large (a small
+ * block the profiler moved here), kept for the next such sample out of the
+ * BigCache's way. Samples come at a steady rate (one per HAKMEM_PROF_SAMPLE
+ * bytes), each one a mapping: through the BigCache (a scan of its entries
+ * and their ages, merges with neighbours) a sample's mapping cost more than
+ * its stack walk. At most LARGE_SPARES of them and LARGE_SPARE_BYTES
+ * together (nor more than the BigCache may hold); they go to the BigCache,
+ * to age there, on each background pass, and are unmapped on a trim. */
+#define LARGE_SPARES      8
+#define LARGE_SPARE_BYTES ((size_t)2 << 20)
+
+static struct {
+    pthread_mutex_t lock;
+    uint32_t n;
+    size_t bytes; /* mapped bytes of all of them */
+    struct large_hdr *h[LARGE_SPARES];
+} large_spares = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* A spare with at least `room` bytes of room, and not more than twice as
+ * many: the smallest; NULL when none. */
+static struct large_hdr *large_spare_take(size_t room) {
+    hak_lock(&large_spares.lock);
+    uint32_t best = LARGE_SPARES;
+    for (uint32_t i = 0; i < large_spares.n; i++) {
+        size_t r = large_room(large_spares.h[i]);
+        if (r >= room && r / 2 <= room &&
+            (best == LARGE_SPARES || r < large_room(large_spares.h[best])))
+            best = i;
+    }
+    struct large_hdr *h = NULL;
+    if (best != LARGE_SPARES) {
+        h = large_spares.h[best];
+        large_spares.h[best] = large_spares.h[--large_spares.n];
+        large_spares.bytes -= h->map_size;
+    }
+    hak_unlock(&large_spares.lock);
+    return h;
+}
+
+/* Keep freed mapping h as a spare; false when there is no room for it. */
+static bool large_spare_put(struct large_hdr *h) {
+    hak_lock(&large_spares.lock);
+    size_t most =
+        LARGE_SPARE_BYTES < hak_cfg.bigcache_bytes ? LARGE_SPARE_BYTES : hak_cfg.bigcache_bytes;
+    bool room = large_spares.n < LARGE_SPARES && large_spares.bytes + h->map_size <= most;
+    if (room) {
+        large_spares.h[large_spares.n++] = h;
+        large_spares.bytes += h->map_size;
+    }
+    hak_unlock(&large_spares.lock);
+    if (room) bell_ring(); /* memory to age (large_age_next) */
+    return room;
+}
+
+/* Every spare out: into *out (LARGE_SPARES of room); how many. */
+static uint32_t large_spare_drain(struct large_hdr **out) {
+    hak_lock(&large_spares.lock);
+    uint32_t n = large_spares.n;
+    memcpy(out, large_spares.h, n * sizeof *out);
+    large_spares.n = 0;
+    large_spares.bytes = 0;
+    hak_unlock(&large_spares.lock);
+    return n;
+}
+
 static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
     size_t off = large_offset(align);
     if (off > HAK_MAX_REQUEST / 2 || size > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
@@ -591,32 +679,52 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
         h->guarded = false;
         large_guard(h);
     }
-    h->magic = LARGE_LIVE;
-    h->offset = off;
-    h->user = (uint8_t *)h + off;
-    *large_canary(h->user) = large_canary_value();
-    h->req = size;
-    h->growing = growing;
-    h->sampled = false;
-    /* A growing block's pages come in by large_populate as it grows, unless
-     * a cached mapping had them already (`clean` may count the part a split
-     * left in the cache); any other block's as touched. */
-    room = large_room(h);
-    h->ready = growing && clean < room ? clean : room;
-    if (zero && clean > off) memset(h->user, 0, clean - off < size ? clean - off : size);
-    large_add(&large_n_allocs, 1);
-    large_add(&large_live_blocks, 1);
-    large_live_add((int64_t)h->map_size);
-    return h->user;
+    return large_open(h, off, size, growing, zero, clean);
 }
 
 void *large_alloc(size_t size, size_t align, bool zero) {
     return large_alloc_as(size, align, zero, false);
 }
 
+/* Sampled small blocks live now, at most LARGE_SAMPLED_MAX. Each is a
+ * mapping of its own, and the kernel limits how many a process has
+ * (vm.max_map_count, 65530 by default): past it every mmap fails, the
+ * program's own too. With a small HAKMEM_PROF_SAMPLE a program keeping many
+ * small blocks would reach it (python3 did, sampling every KiB). A quarter
+ * of the default: at the default rate, 8 GiB of small blocks in use. */
+#define LARGE_SAMPLED_MAX 16384
+static _Atomic uint32_t large_sampled_small;
+
+/* h, a sampled block, is freed or reallocated: its sample goes. */
+static void large_unsample(struct large_hdr *h) {
+    prof_forget(h->user);
+    h->sampled = false;
+    if (h->req <= HAK_SMALL_MAX)
+        atomic_fetch_sub_explicit(&large_sampled_small, 1, memory_order_relaxed);
+}
+
 void *large_alloc_sampled(size_t size, size_t align, bool zero) {
-    void *p = large_alloc_as(size, align, zero, false);
-    if (p != NULL) ((struct large_hdr *)((uint8_t *)p - large_offset(align)))->sampled = true;
+    bool small = size <= HAK_SMALL_MAX;
+    if (small && atomic_fetch_add_explicit(&large_sampled_small, 1, memory_order_relaxed) >=
+                     LARGE_SAMPLED_MAX) {
+        atomic_fetch_sub_explicit(&large_sampled_small, 1, memory_order_relaxed);
+        return NULL;
+    }
+    size_t off = large_offset(align);
+    void *p = NULL;
+    if (small && off <= HAK_REGION_SIZE) { /* (a spare is region-aligned) */
+        struct large_hdr *h =
+            large_spare_take(hak_align_up(off + (size ? size : 1), HAK_PAGE_SIZE));
+        if (h != NULL) {
+            large_add(&large_n_hits, 1);
+            p = large_open(h, off, size, false, zero, h->map_size); /* (its pages were used) */
+        }
+    }
+    if (p == NULL) p = large_alloc_as(size, align, zero, false);
+    if (p != NULL)
+        ((struct large_hdr *)((uint8_t *)p - off))->sampled = true;
+    else if (small)
+        atomic_fetch_sub_explicit(&large_sampled_small, 1, memory_order_relaxed);
     return p;
 }
 
@@ -681,12 +789,17 @@ bool large_is_live(const void *p, uint32_t entry, size_t *req) {
 
 void large_free(void *p, uint32_t entry, const char *fn) {
     struct large_hdr *h = large_header(p, entry, fn);
-    if (hak_unlikely(h->sampled)) prof_forget(p);
+    bool spare = false; /* a sampled small block's mapping: kept for the next */
+    if (hak_unlikely(h->sampled)) {
+        spare = h->req <= HAK_SMALL_MAX;
+        large_unsample(h);
+    }
     h->magic = LARGE_FREE;
     if (h->growing) atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
     large_add(&large_n_frees, 1);
     large_add(&large_live_blocks, -1);
     large_live_add(-(int64_t)h->map_size);
+    if (hak_unlikely(spare) && large_spare_put(h)) return;
     large_cache_put(h);
 }
 
@@ -826,8 +939,7 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
 void *large_realloc(void *p, uint32_t entry, size_t n) {
     struct large_hdr *h = large_header(p, entry, "realloc");
     if (hak_unlikely(h->sampled)) { /* its record would keep the old size (or address) */
-        prof_forget(p);
-        h->sampled = false;
+        large_unsample(h);
         /* A small block the profiler moved here: its realloc goes where any
          * block of its new size would (the caller's move; it may be sampled
          * again), not on as a Large block growing a page at a time. */
@@ -845,7 +957,16 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
     return large_resize(h, n, pages);
 }
 
+/* The spares go to the BigCache, to age there. */
+static void large_spare_flush(void) {
+    struct large_hdr *h[LARGE_SPARES];
+    uint32_t n = large_spare_drain(h);
+    for (uint32_t i = 0; i < n; i++)
+        large_cache_put(h[i]);
+}
+
 uint64_t large_age_next(void) {
+    large_spare_flush();
     struct large_cache *lc = &large_cache;
     struct large_entry old[LARGE_CACHE_N];
     hak_lock(&lc->lock);
@@ -865,6 +986,10 @@ uint64_t large_age_next(void) {
 }
 
 bool large_trim(void) {
+    struct large_hdr *spare[LARGE_SPARES];
+    uint32_t nspare = large_spare_drain(spare);
+    for (uint32_t i = 0; i < nspare; i++)
+        large_release(spare[i], spare[i]->map_size);
     struct large_cache *lc = &large_cache;
     struct large_entry all[LARGE_CACHE_N];
     hak_lock(&lc->lock);
@@ -875,14 +1000,16 @@ bool large_trim(void) {
     hak_unlock(&lc->lock);
     for (uint32_t i = 0; i < n; i++)
         large_release(all[i].h, all[i].size);
-    return n > 0;
+    return n + nspare > 0;
 }
 
 void large_fork_prepare(void) {
+    pthread_mutex_lock(&large_spares.lock);
     pthread_mutex_lock(&large_cache.lock);
 }
 void large_fork_release(void) {
     pthread_mutex_unlock(&large_cache.lock);
+    pthread_mutex_unlock(&large_spares.lock);
 }
 
 void large_get_stats(struct large_stats *s) {
@@ -893,9 +1020,13 @@ void large_get_stats(struct large_stats *s) {
     s->remaps_moved = atomic_load(&large_n_moved);
     s->live_blocks = atomic_load(&large_live_blocks);
     s->live_bytes = atomic_load(&large_live_bytes);
+    hak_lock(&large_spares.lock);
+    s->cached_blocks = large_spares.n;
+    s->cached_bytes = large_spares.bytes;
+    hak_unlock(&large_spares.lock);
     hak_lock(&large_cache.lock);
-    s->cached_blocks = large_cache.n;
-    s->cached_bytes = large_cache.bytes;
+    s->cached_blocks += large_cache.n;
+    s->cached_bytes += large_cache.bytes;
     s->cache_decommits = large_cache.decommits;
     hak_unlock(&large_cache.lock);
 }

@@ -8,6 +8,7 @@
 
 #include "box/config.h"
 #include "box/os.h"
+#include "box/prof.h"
 #include "large.h"
 #include "death.h"
 #include "maps.h"
@@ -886,6 +887,119 @@ static void test_refused_guard_calls(void **state) {
     free(q);
 }
 
+/* ---- spares: the mappings of sampled small blocks ---------------------------
+ * Each check runs in a child that turns the profiler on (at a rate at which
+ * nothing is sampled by itself) and asks for sampled blocks directly. */
+
+#define CHILD_CHECK(c)                                                                             \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c);                        \
+            _exit(1);                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static void spares_reused(void *arg) {
+    (void)arg;
+    prof_start((uint64_t)1 << 60, "/dev/null");
+    uint8_t *p = large_alloc_sampled(100, 16, false);
+    CHILD_CHECK(p != NULL);
+    memset(p, 0xab, 100);
+    free(p);
+    uint64_t before = os_total();
+    for (int i = 0; i < 100; i++) {
+        bool zero = i % 2 == 1; /* (calloc: the spare's pages were written) */
+        uint8_t *q = large_alloc_sampled(200 + (size_t)i, 16, zero);
+        CHILD_CHECK(q == p);
+        for (int k = 0; zero && k < 200 + i; k++)
+            CHILD_CHECK(q[k] == 0);
+        memset(q, 0xcd, 200 + (size_t)i);
+        free(q);
+    }
+    CHILD_CHECK(os_total() == before); /* no call for any of them */
+    /* A block at a bigger alignment gets its offset in the same mapping. */
+    uint8_t *a = large_alloc_sampled(4096, 8192, false);
+    CHILD_CHECK(a != NULL && (uintptr_t)a % 8192 == 0);
+    memset(a, 1, 4096);
+    free(a);
+    /* A block more than twice a spare's room does not take it: 20 KiB is
+     * more than twice the one page p's spare has for blocks. */
+    uint8_t *big = large_alloc_sampled(20000, 16, false);
+    CHILD_CHECK(big != NULL && big != p);
+    memset(big, 2, 20000);
+    free(big);
+}
+
+static void test_sampled_small_mapping_comes_back_without_syscalls(void **state) {
+    (void)state;
+    expect_clean_exit(spares_reused, NULL);
+}
+
+static void spares_bounded_counted_trimmed(void *arg) {
+    (void)arg;
+    prof_start((uint64_t)1 << 60, "/dev/null");
+    struct large_stats s0, s;
+    large_get_stats(&s0);
+    void *p[20];
+    for (int i = 0; i < 20; i++) {
+        p[i] = large_alloc_sampled(3000, 16, false);
+        CHILD_CHECK(p[i] != NULL);
+    }
+    for (int i = 0; i < 20; i++)
+        free(p[i]);
+    /* Every freed mapping is cached (spares and BigCache alike), so the
+     * counters behind mallinfo2 and the stats see them all. */
+    large_get_stats(&s);
+    CHILD_CHECK(s.cached_blocks == s0.cached_blocks + 20);
+    CHILD_CHECK(s.live_blocks == s0.live_blocks);
+    /* A trim gives back the spares too. */
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    malloc_trim(0);
+    large_get_stats(&s);
+    CHILD_CHECK(s.cached_blocks == 0 && s.cached_bytes == 0);
+    CHILD_CHECK(os_calls(OS_MUNMAP) >= unmaps + 20);
+    /* The background thread's pass moves spares to the BigCache, where they
+     * age: with nothing else cached, it has a next pass to wait for. */
+    void *q = large_alloc_sampled(3000, 16, false);
+    free(q);
+    CHILD_CHECK(large_age_next() != UINT64_MAX);
+    large_get_stats(&s);
+    CHILD_CHECK(s.cached_blocks == 1);
+    /* With caching off, no spare is kept either: the free unmaps. */
+    hak_cfg.bigcache_bytes = 0;
+    q = large_alloc_sampled(3000, 16, false);
+    unmaps = os_calls(OS_MUNMAP);
+    free(q);
+    CHILD_CHECK(os_calls(OS_MUNMAP) == unmaps + 1);
+}
+
+static void test_sampled_spares_bounded_counted_and_trimmed(void **state) {
+    (void)state;
+    expect_clean_exit(spares_bounded_counted_trimmed, NULL);
+}
+
+static void spare_double_free(void *arg) {
+    (void)arg;
+    prof_start((uint64_t)1 << 60, "/dev/null");
+    void *p = large_alloc_sampled(64, 16, false);
+    fprintf(stderr, "p=%p\n", p);
+    do_double_free(p);
+}
+
+static void test_double_free_of_a_spare_is_caught(void **state) {
+    (void)state;
+    struct death d;
+    run_child(spare_double_free, NULL, &d);
+    assert_aborted(&d);
+    void *p = NULL;
+    assert_int_equal(sscanf(d.err, "p=%p", &p), 1);
+    char line[160];
+    snprintf(line, sizeof line, "hakmem: free(): double free %p", p);
+    int exact, hak;
+    count_lines(&d, line, &exact, &hak);
+    if (exact != 1 || hak != 1) fail_msg("expected \"%s\"; stderr was:\n%s", line, d.err);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -920,6 +1034,9 @@ int main(void) {
         cmocka_unit_test_setup(test_guard_page_after_every_block, reset),
         cmocka_unit_test_setup(test_guard_page_by_mprotect, reset),
         cmocka_unit_test_setup(test_refused_guard_calls, reset),
+        cmocka_unit_test_setup(test_sampled_small_mapping_comes_back_without_syscalls, reset),
+        cmocka_unit_test_setup(test_sampled_spares_bounded_counted_and_trimmed, reset),
+        cmocka_unit_test_setup(test_double_free_of_a_spare_is_caught, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,8 @@ static double prof_rate;           /* HAKMEM_PROF_SAMPLE: mean bytes between sam
 static char prof_file[4096];       /* HAKMEM_PROF_FILE */
 static uintptr_t prof_lo, prof_hi; /* this library's code: its frames are skipped */
 
+static _Atomic uint64_t prof_n_lost; /* prof_lost */
+
 static pthread_mutex_t prof_lock = PTHREAD_MUTEX_INITIALIZER; /* the records */
 static struct prof_rec **prof_table;                          /* PROF_BUCKETS chains */
 static struct prof_rec *prof_spare;
@@ -248,6 +250,10 @@ void prof_record(const void *p, size_t n, size_t size) {
     prof_busy = false;
 }
 
+void prof_lost(void) {
+    atomic_fetch_add_explicit(&prof_n_lost, 1, memory_order_relaxed);
+}
+
 void prof_forget(const void *p) {
     hak_lock(&prof_lock);
     for (struct prof_rec **at = prof_bucket(p); *at != NULL; at = &(*at)->next) {
@@ -368,7 +374,17 @@ int prof_dump(const char *path) {
 }
 
 void prof_exit(void) {
-    if (!prof_on || prof_dump(NULL) == 0) return;
+    if (!prof_on) return;
+    uint64_t lost = atomic_load_explicit(&prof_n_lost, memory_order_relaxed);
+    if (lost != 0) {
+        struct diag_buf b = {.n = 0};
+        diag_str(&b, "hakmem: heap profile: ");
+        diag_u64(&b, lost);
+        diag_str(&b, " sampled allocations were not recorded (too many sampled blocks in use at "
+                     "once); the profile undercounts: a larger HAKMEM_PROF_SAMPLE takes fewer\n");
+        diag_flush(&b, 2);
+    }
+    if (prof_dump(NULL) == 0) return;
     struct diag_buf b = {.n = 0};
     diag_str(&b, "hakmem: could not write the heap profile to '");
     diag_str(&b, prof_file);

@@ -47,6 +47,9 @@ bool prof_bytes_due(size_t n);
 void prof_record(const void *p, size_t n, size_t size);
 /* p, a sampled block, is freed (or its sample dropped). */
 void prof_forget(const void *p);
+/* An allocation was chosen but not sampled: its tier had no room for a
+ * sampled block. Counted, and said at exit: the profile undercounts. */
+void prof_lost(void);
 
 /* Write the profile to `path` (NULL: the HAKMEM_PROF_FILE of prof_start);
  * 0, or -1 with errno (EINVAL: sampling is off). */

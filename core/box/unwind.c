@@ -36,15 +36,17 @@ struct uw_rule {
 };
 _Static_assert(sizeof(struct uw_rule) == sizeof(uint64_t), "a rule is one word");
 
+/* (__builtin_memcpy: the library is built with -fno-builtin, under which a
+ * plain memcpy stays a call into libc, on every frame of a walk.) */
 static uint64_t uw_pack(struct uw_rule r) {
     uint64_t w;
-    memcpy(&w, &r, sizeof w);
+    __builtin_memcpy(&w, &r, sizeof w);
     return w;
 }
 
 static struct uw_rule uw_unpack(uint64_t w) {
     struct uw_rule r;
-    memcpy(&r, &w, sizeof r);
+    __builtin_memcpy(&r, &w, sizeof r);
     return r;
 }
 
@@ -403,10 +405,12 @@ static struct uw_rule uw_find(uintptr_t ra) {
 }
 
 /* ---- the table of rules ------------------------------------------------------
- * Open addressing on a key: the return address, with the count of objects
- * unloaded so far (the generation) in its top 16 bits. A library unloaded and
- * another loaded at its addresses must not be read with the first one's
- * rules: after an unload no key of the old generation matches again. A slot
+ * Open addressing on a key: the return address, with one more than the count
+ * of objects unloaded so far (the generation) in its top 16 bits. A library
+ * unloaded and another loaded at its addresses must not be read with the
+ * first one's rules: after an unload no key of the old generation matches
+ * again. A return address in an object that stays loaded (uw_stays) is its
+ * own key, the same in every generation. A slot
  * is claimed once (CAS from 0) and its rule written after; a reader that
  * finds the key without the rule yet, or no room, reads the tables itself.
  * Slots of old generations are not reused (a reader could pair a new key with
@@ -423,9 +427,49 @@ struct uw_slot {
 
 static struct uw_slot *uw_table;
 
+/* The code of the objects that stay loaded: those loaded when the walker
+ * started (the program, the libraries it was linked or preloaded with, in
+ * practice), each held by a reference of ours that says it is never
+ * unloaded (RTLD_NODELETE). A walk through them needs no generation, which
+ * costs a call into the loader and a lock (dl_iterate_phdr). */
+#define UW_STAYS 32
+static struct { uintptr_t lo, hi; } uw_stay[UW_STAYS];
+static _Atomic int uw_nstay; /* (published after the ranges) */
+
+static int uw_pin(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    int *n = arg;
+    /* The program itself (no name) is never unloaded; another object is
+     * kept if the loader takes our reference (the vDSO may not be one it
+     * opens by name: its frames then go by generation). */
+    if (info->dlpi_name != NULL && info->dlpi_name[0] != '\0' &&
+        dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE) == NULL)
+        return 0;
+    for (int i = 0; i < info->dlpi_phnum && *n < UW_STAYS; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+        uw_stay[*n].lo = info->dlpi_addr + ph->p_vaddr;
+        uw_stay[*n].hi = uw_stay[*n].lo + ph->p_memsz;
+        ++*n;
+    }
+    return 0;
+}
+
+static bool uw_stays(uintptr_t ra) {
+    int n = atomic_load_explicit(&uw_nstay, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (ra - uw_stay[i].lo < uw_stay[i].hi - uw_stay[i].lo) return true;
+    return false;
+}
+
 bool unwind_start(void) {
-    if (uw_table == NULL) uw_table = os_map_aligned(UW_SLOTS * sizeof *uw_table, HAK_PAGE_SIZE);
-    return uw_table != NULL;
+    if (uw_table != NULL) return true;
+    uw_table = os_map_aligned(UW_SLOTS * sizeof *uw_table, HAK_PAGE_SIZE);
+    if (uw_table == NULL) return false;
+    int n = 0;
+    dl_iterate_phdr(uw_pin, &n);
+    atomic_store_explicit(&uw_nstay, n, memory_order_release);
+    return true;
 }
 
 static struct uw_rule uw_lookup(uint64_t key, uintptr_t ra) {
@@ -502,22 +546,32 @@ __attribute__((noinline)) int unwind_stack(void **pc, int max) {
     uintptr_t top = uw_stack.hi;
     if (sp < uw_stack.lo || sp >= top) return -1;
     unsigned long long gen = 0;
-    if (dl_iterate_phdr(uw_subs, &gen) != 1) return -1;
-    bool cache = gen < UW_GEN_MAX;
+    bool gen_known = false; /* asked of the loader at the first frame that needs it */
     int n = 0;
     for (int depth = 0; n < max; depth++) {
         if (ra >> 48 != 0) return -1; /* not a user-space code address */
-        uint64_t key = ra | (uint64_t)gen << 48;
         struct uw_rule r;
-        if (!cache) {
-            r = uw_find(ra);
-        } else if (depth < UW_MEMO && uw_memo[depth].key == key) {
+        /* The last walk's rule at this depth, for a return address that
+         * stays (its key is itself): the common case, one compare. */
+        if (depth < UW_MEMO && uw_memo[depth].key == ra) {
             r = uw_unpack(uw_memo[depth].rule);
         } else {
-            r = uw_lookup(key, ra);
-            if (depth < UW_MEMO) {
-                uw_memo[depth].key = key;
-                uw_memo[depth].rule = uw_pack(r);
+            uint64_t key = ra;
+            if (!uw_stays(ra)) {
+                if (!gen_known && dl_iterate_phdr(uw_subs, &gen) != 1) return -1;
+                gen_known = true;
+                key = gen + 1 < UW_GEN_MAX ? ra | (uint64_t)(gen + 1) << 48 : 0;
+            }
+            if (key == 0) { /* too many unloads to tell apart: no caching */
+                r = uw_find(ra);
+            } else if (depth < UW_MEMO && uw_memo[depth].key == key) {
+                r = uw_unpack(uw_memo[depth].rule);
+            } else {
+                r = uw_lookup(key, ra);
+                if (depth < UW_MEMO) {
+                    uw_memo[depth].key = key;
+                    uw_memo[depth].rule = uw_pack(r);
+                }
             }
         }
         if (r.kind == UW_END) break;

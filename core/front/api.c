@@ -42,8 +42,12 @@ static uint32_t front_aligned_class(size_t align, size_t n) {
 static __attribute__((cold, noinline)) void *front_large_sampled(size_t n, size_t align,
                                                                  bool zero) {
     void *p = large_alloc_sampled(n, align, zero);
-    if (p != NULL) prof_record(p, n, n);
-    return p;
+    if (p != NULL) {
+        prof_record(p, n, n);
+        return p;
+    }
+    prof_lost(); /* (a small n: too many sampled small blocks live) */
+    return large_alloc(n, align, zero);
 }
 
 /* A Large block of n bytes; with the profiler on, maybe a sampled one. */
@@ -422,6 +426,7 @@ static void *front_sample(size_t n, uint32_t cls) {
             prof_record(p, n, size);
             return p;
         }
+        prof_lost();
     }
     tc_serve_due(cls);
     return NULL;
