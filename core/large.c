@@ -275,6 +275,7 @@ static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct 
 }
 
 static void large_cache_merge(struct large_cache *lc, struct large_entry *e);
+static uint64_t large_spare_age(uint64_t now); /* (the spares: below) */
 
 /* Decommit or unmap what large_cache_expire or large_cache_room took out;
  * decommitted entries go back into the cache. */
@@ -356,10 +357,13 @@ static void large_cache_add(struct large_entry e) {
     uint32_t nold = large_cache_room(lc, e.size, old);
     if (fresh) e.seq = ++lc->seq; /* the newest, whatever it merged with */
     large_cache_insert(lc, e);
-    nold += large_cache_expire(lc, hak_now_ms(), old + nold);
+    uint64_t now = hak_now_ms();
+    nold += large_cache_expire(lc, now, old + nold);
+    bool aged = lc->aged_ms == now; /* it looked at the ages */
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold); /* syscalls outside the lock */
     bell_ring();
+    if (aged) large_spare_age(now);
 }
 
 /* What a split leaves of entry e from offset `keep` (a region multiple) on:
@@ -418,9 +422,12 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
     hak_lock(&lc->lock);
     uint32_t i = large_cache_pick(lc, need, map_align, small_pages);
     if (i != LARGE_CACHE_N) got = large_cache_remove(lc, i);
-    uint32_t nold = large_cache_expire(lc, hak_now_ms(), old);
+    uint64_t now = hak_now_ms();
+    uint32_t nold = large_cache_expire(lc, now, old);
+    bool aged = lc->aged_ms == now; /* it looked at the ages */
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold);
+    if (aged) large_spare_age(now); /* (the spares age with the BigCache's look) */
     if (got.h == NULL) return NULL;
 
     struct large_hdr *h = got.h;
@@ -575,8 +582,10 @@ static void *large_open(struct large_hdr *h, size_t off, size_t size, bool growi
  * bytes), each one a mapping: through the BigCache (a scan of its entries
  * and their ages, merges with neighbours) a sample's mapping cost more than
  * its stack walk. At most LARGE_SPARES of them and LARGE_SPARE_BYTES
- * together (nor more than the BigCache may hold); they go to the BigCache,
- * to age there, on each background pass, and are unmapped on a trim. */
+ * together (nor more than the BigCache may hold, nor more than it, with
+ * them, by 2 MiB). Unused for the age, they go to the BigCache, to age
+ * there: at the tier's look at its ages, or the background thread's. A trim
+ * unmaps them. */
 #define LARGE_SPARES      8
 #define LARGE_SPARE_BYTES ((size_t)2 << 20)
 
@@ -585,6 +594,9 @@ static struct {
     uint32_t n;
     size_t bytes; /* mapped bytes of all of them */
     struct large_hdr *h[LARGE_SPARES];
+    /* When one was last put here (hak_now_ms); 0 with none. Unused for
+     * hak_cfg.bigcache_age_ms, they go to the BigCache (large_spare_age). */
+    uint64_t used_ms;
 } large_spares = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* A spare with at least `room` bytes of room, and not more than twice as
@@ -617,6 +629,7 @@ static bool large_spare_put(struct large_hdr *h) {
     if (room) {
         large_spares.h[large_spares.n++] = h;
         large_spares.bytes += h->map_size;
+        large_spares.used_ms = hak_now_ms();
     }
     hak_unlock(&large_spares.lock);
     if (room) bell_ring(); /* memory to age (large_age_next) */
@@ -630,8 +643,30 @@ static uint32_t large_spare_drain(struct large_hdr **out) {
     memcpy(out, large_spares.h, n * sizeof *out);
     large_spares.n = 0;
     large_spares.bytes = 0;
+    large_spares.used_ms = 0;
     hak_unlock(&large_spares.lock);
     return n;
+}
+
+/* The spares go to the BigCache, to age there. */
+static void large_spare_flush(void) {
+    struct large_hdr *h[LARGE_SPARES];
+    uint32_t n = large_spare_drain(h);
+    for (uint32_t i = 0; i < n; i++)
+        large_cache_put(h[i]);
+}
+
+/* The spares, unused for the age at `now`, go to the BigCache; when they are
+ * due to, UINT64_MAX with none. On the tier's own calls (the BigCache's
+ * look at its ages) and the background thread's. */
+static uint64_t large_spare_age(uint64_t now) {
+    hak_lock(&large_spares.lock); /* (the look the bell's promise needs: bell.h) */
+    uint64_t used = large_spares.used_ms;
+    hak_unlock(&large_spares.lock);
+    if (used == 0) return UINT64_MAX;
+    if (now - used < hak_cfg.bigcache_age_ms) return used + hak_cfg.bigcache_age_ms;
+    large_spare_flush();
+    return UINT64_MAX;
 }
 
 static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
@@ -691,7 +726,9 @@ void *large_alloc(size_t size, size_t align, bool zero) {
  * (vm.max_map_count, 65530 by default): past it every mmap fails, the
  * program's own too. With a small HAKMEM_PROF_SAMPLE a program keeping many
  * small blocks would reach it (python3 did, sampling every KiB). A quarter
- * of the default: at the default rate, 8 GiB of small blocks in use. */
+ * of the default (half where the guard page is a kernel mapping of its own:
+ * mprotect, before Linux 6.13); at the default rate, 8 GiB of small blocks
+ * in use. */
 #define LARGE_SAMPLED_MAX 16384
 static _Atomic uint32_t large_sampled_small;
 
@@ -957,16 +994,8 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
     return large_resize(h, n, pages);
 }
 
-/* The spares go to the BigCache, to age there. */
-static void large_spare_flush(void) {
-    struct large_hdr *h[LARGE_SPARES];
-    uint32_t n = large_spare_drain(h);
-    for (uint32_t i = 0; i < n; i++)
-        large_cache_put(h[i]);
-}
-
 uint64_t large_age_next(void) {
-    large_spare_flush();
+    uint64_t next = large_spare_age(hak_now_ms());
     struct large_cache *lc = &large_cache;
     struct large_entry old[LARGE_CACHE_N];
     hak_lock(&lc->lock);
@@ -975,7 +1004,7 @@ uint64_t large_age_next(void) {
     large_cache_retire(old, nold);
     /* What is left: due when unused for the age (decommit), or twice that
      * (unmap: address space only, the pages went at the first). */
-    uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.bigcache_age_ms;
     hak_lock(&lc->lock);
     for (uint32_t i = 0; i < lc->n; i++) {
         uint64_t due = lc->e[i].freed_ms + (lc->e[i].decommitted ? 2 * age : age);

@@ -21,7 +21,7 @@ void *large_alloc(size_t size, size_t align, bool zero);
  * tells the profiler (prof_forget). Any block may be one: a small one asks
  * for its class size, aligned as its class's blocks are, and its mapping,
  * freed, waits apart from the BigCache for the next sampled small block (a
- * spare; large_age_next moves them to the BigCache, large_trim unmaps them).
+ * spare, until unused for the age; large_trim unmaps them).
  * NULL (errno untouched) for a small one when too many sampled small blocks
  * are live: each is a mapping, and the kernel limits their number. */
 void *large_alloc_sampled(size_t size, size_t align, bool zero);

@@ -137,6 +137,7 @@ cat >many.c <<'C'
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #define N 100000
 static void *keep[N];
 int main(void) {
@@ -147,9 +148,13 @@ int main(void) {
         }
         memset(keep[i], i, 48);
     }
-    void *m = malloc(100 << 10); /* a mapping of the program's own still comes */
-    if (m == NULL) return 1;
-    free(m);
+    /* A mapping of the program's own still comes. */
+    void *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    munmap(m, 1 << 20);
     for (int i = 0; i < N; i++)
         free(keep[i]);
     return 0;
@@ -160,6 +165,49 @@ LD_PRELOAD=$lib HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 HAKMEM_PROF_FILE="$tmp/many.h
   || fail "sampling 100000 small blocks in use made malloc fail: $(cat many.err)"
 grep -q '^hakmem: heap profile: [0-9]* sampled allocations were not recorded' many.err \
   || fail "no line on the samples not taken: $(cat many.err)"
+# A library loaded with the program whose constructor waits for a thread of
+# its own that asks the loader something: the profiler's start (in hakmem's
+# constructor) must not run that constructor inside its own under the
+# loader's lock (a dlopen there hung this).
+cat >ctor.c <<'C'
+#define _GNU_SOURCE
+#include <execinfo.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdlib.h>
+static int count(struct dl_phdr_info *i, size_t s, void *a) {
+    (void)i;
+    (void)s;
+    ++*(int *)a;
+    return 0;
+}
+static void *worker(void *a) {
+    void *pc[8];
+    backtrace(pc, 8);
+    dl_iterate_phdr(count, a);
+    free(malloc(100));
+    return NULL;
+}
+__attribute__((constructor)) static void start(void) {
+    pthread_t t;
+    int n = 0;
+    if (pthread_create(&t, NULL, worker, &n) != 0 || pthread_join(t, NULL) != 0 || n == 0) abort();
+}
+C
+cc -O1 -shared -fPIC ctor.c -o libctor.so -pthread
+cat >plain.c <<'C'
+#include <stdlib.h>
+int main(void) {
+    free(malloc(10));
+    return 0;
+}
+C
+cc -O1 plain.c -o plain
+for order in "$tmp/libctor.so $lib" "$lib $tmp/libctor.so"; do
+  rc=0
+  timeout -k 5 20 env LD_PRELOAD="$order" HAKMEM_PROF=1 HAKMEM_PROF_FILE=/dev/null ./plain || rc=$?
+  [ $rc -eq 0 ] || fail "a library's constructor waiting for its thread, LD_PRELOAD='$order': exit $rc (124: hung)"
+done
 export HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 HAKMEM_PROF_FILE="$tmp/all.%p.heap"
 LD_PRELOAD=$lib sh -c 'for i in 1 2 3; do echo $i; done | sort -r >/dev/null' || fail "sh failed sampling all"
 LD_PRELOAD=$lib python3 -c 'import json; json.dumps([{"a": str(i)} for i in range(20000)])' \

@@ -902,32 +902,35 @@ static void test_refused_guard_calls(void **state) {
 static void spares_reused(void *arg) {
     (void)arg;
     prof_start((uint64_t)1 << 60, "/dev/null");
-    uint8_t *p = large_alloc_sampled(100, 16, false);
+    /* 10000 bytes after the 64-byte header: three pages of room. */
+    uint8_t *p = large_alloc_sampled(10000, 16, false);
     CHILD_CHECK(p != NULL);
-    memset(p, 0xab, 100);
+    uint8_t *map = p - 64;
+    memset(p, 0xab, 10000);
     free(p);
     uint64_t before = os_total();
     for (int i = 0; i < 100; i++) {
         bool zero = i % 2 == 1; /* (calloc: the spare's pages were written) */
-        uint8_t *q = large_alloc_sampled(200 + (size_t)i, 16, zero);
+        size_t n = 9000 + (size_t)i * 10;
+        uint8_t *q = large_alloc_sampled(n, 16, zero);
         CHILD_CHECK(q == p);
-        for (int k = 0; zero && k < 200 + i; k++)
+        for (size_t k = 0; zero && k < n; k++)
             CHILD_CHECK(q[k] == 0);
-        memset(q, 0xcd, 200 + (size_t)i);
+        memset(q, 0xcd, n);
         free(q);
     }
     CHILD_CHECK(os_total() == before); /* no call for any of them */
-    /* A block at a bigger alignment gets its offset in the same mapping. */
+    /* A block at a bigger alignment gets its offset in the same mapping:
+     * 8192 + 4096 bytes, its three pages. */
     uint8_t *a = large_alloc_sampled(4096, 8192, false);
-    CHILD_CHECK(a != NULL && (uintptr_t)a % 8192 == 0);
+    CHILD_CHECK(a == map + 8192);
     memset(a, 1, 4096);
     free(a);
-    /* A block more than twice a spare's room does not take it: 20 KiB is
-     * more than twice the one page p's spare has for blocks. */
-    uint8_t *big = large_alloc_sampled(20000, 16, false);
-    CHILD_CHECK(big != NULL && big != p);
-    memset(big, 2, 20000);
-    free(big);
+    /* A block of less than half a spare's room does not take it: one page
+     * against three. */
+    uint8_t *small = large_alloc_sampled(100, 16, false);
+    CHILD_CHECK(small != NULL && small - 64 != map);
+    free(small);
 }
 
 static void test_sampled_small_mapping_comes_back_without_syscalls(void **state) {
@@ -965,6 +968,21 @@ static void spares_bounded_counted_trimmed(void *arg) {
     CHILD_CHECK(large_age_next() != UINT64_MAX);
     large_get_stats(&s);
     CHILD_CHECK(s.cached_blocks == 1);
+    /* Without the background thread, spares unused for the age go to the
+     * BigCache on the tier's own look at its ages, and age there. */
+    malloc_trim(0);
+    hak_cfg.bigcache_age_ms = 20;
+    uint8_t *r = large_alloc_sampled(3000, 16, false);
+    memset(r, 7, 3000);
+    free(r);
+    CHILD_CHECK(maps_resident(r));
+    for (int i = 0; i < 20 && maps_resident(r); i++) {
+        struct timespec ms10 = {0, 10 * 1000 * 1000};
+        nanosleep(&ms10, NULL);
+        free(malloc(3 * MiB)); /* a call of the tier: it looks at the ages */
+    }
+    CHILD_CHECK(!maps_resident(r)); /* decommitted in the BigCache */
+    hak_cfg.bigcache_age_ms = 60000;
     /* With caching off, no spare is kept either: the free unmaps. */
     hak_cfg.bigcache_bytes = 0;
     q = large_alloc_sampled(3000, 16, false);

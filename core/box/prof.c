@@ -182,8 +182,10 @@ void prof_start(uint64_t sample, const char *file) {
     if (len >= sizeof prof_file) len = sizeof prof_file - 1;
     memcpy(prof_file, file, len);
     prof_file[len] = '\0';
+    void *frame[2];
+    backtrace(frame, 2); /* loads the unwinder now, while malloc may recurse */
     prof_table = os_map_aligned(PROF_BUCKETS * sizeof *prof_table, HAK_PAGE_SIZE);
-    if (prof_table == NULL || !unwind_start()) {
+    if (prof_table == NULL || !unwind_start()) { /* (after backtrace: libgcc stays loaded) */
         struct diag_buf b = {.n = 0};
         diag_str(&b, "hakmem: no memory for the heap profiler; HAKMEM_PROF is off\n");
         diag_flush(&b, 2);
@@ -191,8 +193,6 @@ void prof_start(uint64_t sample, const char *file) {
         return;
     }
     dl_iterate_phdr(prof_find_self, (void *)(uintptr_t)prof_start);
-    void *frame[2];
-    backtrace(frame, 2); /* loads the unwinder now, while malloc may recurse */
     prof_on = true;
     atomic_store_explicit(&prof_state, PROF_ON, memory_order_relaxed);
 }
@@ -381,7 +381,8 @@ void prof_exit(void) {
         diag_str(&b, "hakmem: heap profile: ");
         diag_u64(&b, lost);
         diag_str(&b, " sampled allocations were not recorded (too many sampled blocks in use at "
-                     "once); the profile undercounts: a larger HAKMEM_PROF_SAMPLE takes fewer\n");
+                     "once, or no memory for one); the profile undercounts: a larger "
+                     "HAKMEM_PROF_SAMPLE takes fewer\n");
         diag_flush(&b, 2);
     }
     if (prof_dump(NULL) == 0) return;

@@ -428,23 +428,25 @@ struct uw_slot {
 static struct uw_slot *uw_table;
 
 /* The code of the objects that stay loaded: those loaded when the walker
- * started (the program, the libraries it was linked or preloaded with, in
- * practice), each held by a reference of ours that says it is never
- * unloaded (RTLD_NODELETE). A walk through them needs no generation, which
- * costs a call into the loader and a lock (dl_iterate_phdr). */
+ * started, from the library constructor: the program and the libraries it
+ * was linked or preloaded with, which glibc never unloads (and libgcc,
+ * loaded for backtrace() just before, which glibc keeps). A walk through
+ * them needs no generation, which costs a call into the loader and a lock
+ * (dl_iterate_phdr). An object some constructor before ours loaded with
+ * dlopen could be unloaded later: if any object was unloaded before the
+ * walker started, only the program is taken to stay. (Pinning them with a
+ * dlopen of ours ran constructors of libraries not yet initialised, inside
+ * ours and under the loader's lock: a constructor that waits for a thread
+ * of its own hung.) */
 #define UW_STAYS 32
 static struct { uintptr_t lo, hi; } uw_stay[UW_STAYS];
 static _Atomic int uw_nstay; /* (published after the ranges) */
 
-static int uw_pin(struct dl_phdr_info *info, size_t size, void *arg) {
-    (void)size;
+static int uw_note_stay(struct dl_phdr_info *info, size_t size, void *arg) {
     int *n = arg;
-    /* The program itself (no name) is never unloaded; another object is
-     * kept if the loader takes our reference (the vDSO may not be one it
-     * opens by name: its frames then go by generation). */
-    if (info->dlpi_name != NULL && info->dlpi_name[0] != '\0' &&
-        dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE) == NULL)
-        return 0;
+    if (size < offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs) return 1;
+    bool program = info->dlpi_name == NULL || info->dlpi_name[0] == '\0';
+    if (info->dlpi_subs != 0 && !program) return 0;
     for (int i = 0; i < info->dlpi_phnum && *n < UW_STAYS; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
@@ -467,7 +469,7 @@ bool unwind_start(void) {
     uw_table = os_map_aligned(UW_SLOTS * sizeof *uw_table, HAK_PAGE_SIZE);
     if (uw_table == NULL) return false;
     int n = 0;
-    dl_iterate_phdr(uw_pin, &n);
+    dl_iterate_phdr(uw_note_stay, &n);
     atomic_store_explicit(&uw_nstay, n, memory_order_release);
     return true;
 }

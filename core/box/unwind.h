@@ -20,8 +20,8 @@
 #include <stdbool.h>
 
 /* Map the table of rules; false if there is no memory for it. The objects
- * loaded now are kept loaded for good (a reference of ours, RTLD_NODELETE):
- * call where dlopen may run (it allocates). */
+ * loaded now are taken to stay loaded (their frames need no generation):
+ * call it from the library constructor, before any dlopen of the program. */
 bool unwind_start(void);
 
 /* Up to max return addresses, starting with the one into the caller of
