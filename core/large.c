@@ -615,6 +615,7 @@ static struct large_hdr *large_spare_take(size_t room) {
         h = large_spares.h[best];
         large_spares.h[best] = large_spares.h[--large_spares.n];
         large_spares.bytes -= h->map_size;
+        if (large_spares.n == 0) large_spares.used_ms = 0; /* nothing to age */
     }
     hak_unlock(&large_spares.lock);
     return h;
@@ -664,7 +665,8 @@ static uint64_t large_spare_age(uint64_t now) {
     uint64_t used = large_spares.used_ms;
     hak_unlock(&large_spares.lock);
     if (used == 0) return UINT64_MAX;
-    if (now - used < hak_cfg.bigcache_age_ms) return used + hak_cfg.bigcache_age_ms;
+    /* (now was read before the lock: a put since may be later.) */
+    if (used >= now || now - used < hak_cfg.bigcache_age_ms) return used + hak_cfg.bigcache_age_ms;
     large_spare_flush();
     return UINT64_MAX;
 }

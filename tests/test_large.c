@@ -961,8 +961,8 @@ static void spares_bounded_counted_trimmed(void *arg) {
     large_get_stats(&s);
     CHILD_CHECK(s.cached_blocks == 0 && s.cached_bytes == 0);
     CHILD_CHECK(os_calls(OS_MUNMAP) >= unmaps + 20);
-    /* The background thread's pass moves spares to the BigCache, where they
-     * age: with nothing else cached, it has a next pass to wait for. */
+    /* The background thread's pass sees the spares: with nothing else
+     * cached, it has a next pass to wait for (when they are due to age). */
     void *q = large_alloc_sampled(3000, 16, false);
     free(q);
     CHILD_CHECK(large_age_next() != UINT64_MAX);

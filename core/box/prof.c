@@ -185,7 +185,7 @@ void prof_start(uint64_t sample, const char *file) {
     void *frame[2];
     backtrace(frame, 2); /* loads the unwinder now, while malloc may recurse */
     prof_table = os_map_aligned(PROF_BUCKETS * sizeof *prof_table, HAK_PAGE_SIZE);
-    if (prof_table == NULL || !unwind_start()) { /* (after backtrace: libgcc stays loaded) */
+    if (prof_table == NULL || !unwind_start()) {
         struct diag_buf b = {.n = 0};
         diag_str(&b, "hakmem: no memory for the heap profiler; HAKMEM_PROF is off\n");
         diag_flush(&b, 2);

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/auxv.h>
 
 /* ---- rules -------------------------------------------------------------------
  * What it takes to step from a frame to its caller's, for one return address:
@@ -427,34 +428,36 @@ struct uw_slot {
 
 static struct uw_slot *uw_table;
 
-/* The code of the objects that stay loaded: those loaded when the walker
- * started, from the library constructor: the program and the libraries it
- * was linked or preloaded with, which glibc never unloads (and libgcc,
- * loaded for backtrace() just before, which glibc keeps). A walk through
- * them needs no generation, which costs a call into the loader and a lock
- * (dl_iterate_phdr). An object some constructor before ours loaded with
- * dlopen could be unloaded later: if any object was unloaded before the
- * walker started, only the program is taken to stay. (Pinning them with a
- * dlopen of ours ran constructors of libraries not yet initialised, inside
- * ours and under the loader's lock: a constructor that waits for a thread
- * of its own hung.) */
+/* The code of the objects that stay loaded: those loaded at start-up (the
+ * program, the libraries it was linked or preloaded with, the dynamic
+ * loader), which glibc never unloads. They come first in the loader's list,
+ * the loader itself last (AT_BASE); what follows it came by dlopen, before
+ * the walker started or after, and may be unloaded: its code goes by
+ * generation. A walk through the first needs no generation, which costs a
+ * call into the loader and a lock (dl_iterate_phdr). (Not a dlopen of ours
+ * to pin objects: at the library constructor that ran the constructors of
+ * libraries not yet initialised inside ours, under the loader's lock, and
+ * one that waits for a thread of its own hung.) */
 #define UW_STAYS 32
 static struct { uintptr_t lo, hi; } uw_stay[UW_STAYS];
 static _Atomic int uw_nstay; /* (published after the ranges) */
 
+struct uw_note {
+    uintptr_t loader; /* its load address; 0: unknown, the program alone is taken */
+    int n;
+};
+
 static int uw_note_stay(struct dl_phdr_info *info, size_t size, void *arg) {
-    int *n = arg;
-    if (size < offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs) return 1;
-    bool program = info->dlpi_name == NULL || info->dlpi_name[0] == '\0';
-    if (info->dlpi_subs != 0 && !program) return 0;
-    for (int i = 0; i < info->dlpi_phnum && *n < UW_STAYS; i++) {
+    (void)size;
+    struct uw_note *note = arg;
+    for (int i = 0; i < info->dlpi_phnum && note->n < UW_STAYS; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
-        uw_stay[*n].lo = info->dlpi_addr + ph->p_vaddr;
-        uw_stay[*n].hi = uw_stay[*n].lo + ph->p_memsz;
-        ++*n;
+        uw_stay[note->n].lo = info->dlpi_addr + ph->p_vaddr;
+        uw_stay[note->n].hi = uw_stay[note->n].lo + ph->p_memsz;
+        note->n++;
     }
-    return 0;
+    return note->loader == 0 || info->dlpi_addr == note->loader; /* the last of them */
 }
 
 static bool uw_stays(uintptr_t ra) {
@@ -468,9 +471,9 @@ bool unwind_start(void) {
     if (uw_table != NULL) return true;
     uw_table = os_map_aligned(UW_SLOTS * sizeof *uw_table, HAK_PAGE_SIZE);
     if (uw_table == NULL) return false;
-    int n = 0;
-    dl_iterate_phdr(uw_note_stay, &n);
-    atomic_store_explicit(&uw_nstay, n, memory_order_release);
+    struct uw_note note = {.loader = (uintptr_t)getauxval(AT_BASE), .n = 0};
+    dl_iterate_phdr(uw_note_stay, &note);
+    atomic_store_explicit(&uw_nstay, note.n, memory_order_release);
     return true;
 }
 

@@ -19,9 +19,9 @@
 
 #include <stdbool.h>
 
-/* Map the table of rules; false if there is no memory for it. The objects
- * loaded now are taken to stay loaded (their frames need no generation):
- * call it from the library constructor, before any dlopen of the program. */
+/* Map the table of rules; false if there is no memory for it. Notes the
+ * objects loaded at start-up, which stay loaded (their frames need no
+ * generation). */
 bool unwind_start(void);
 
 /* Up to max return addresses, starting with the one into the caller of
