@@ -734,12 +734,14 @@ void *large_alloc(size_t size, size_t align, bool zero) {
 #define LARGE_SAMPLED_MAX 16384
 static _Atomic uint32_t large_sampled_small;
 
-/* h, a sampled block, is freed or reallocated: its sample goes. */
-static void large_unsample(struct large_hdr *h) {
+/* h, a sampled block, is freed or reallocated: its sample goes. True when
+ * it was a small block (moved here by the profiler). */
+static bool large_unsample(struct large_hdr *h) {
     prof_forget(h->user);
     h->sampled = false;
-    if (h->req <= HAK_SMALL_MAX)
-        atomic_fetch_sub_explicit(&large_sampled_small, 1, memory_order_relaxed);
+    bool small = h->req <= HAK_SMALL_MAX;
+    if (small) atomic_fetch_sub_explicit(&large_sampled_small, 1, memory_order_relaxed);
+    return small;
 }
 
 void *large_alloc_sampled(size_t size, size_t align, bool zero) {
@@ -828,11 +830,8 @@ bool large_is_live(const void *p, uint32_t entry, size_t *req) {
 
 void large_free(void *p, uint32_t entry, const char *fn) {
     struct large_hdr *h = large_header(p, entry, fn);
-    bool spare = false; /* a sampled small block's mapping: kept for the next */
-    if (hak_unlikely(h->sampled)) {
-        spare = h->req <= HAK_SMALL_MAX;
-        large_unsample(h);
-    }
+    /* A sampled small block's mapping: kept for the next (a spare). */
+    bool spare = hak_unlikely(h->sampled) && large_unsample(h);
     h->magic = LARGE_FREE;
     if (h->growing) atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
     large_add(&large_n_frees, 1);

@@ -541,6 +541,19 @@ static __thread struct {
     uint64_t rule;
 } uw_memo[UW_MEMO];
 
+/* The rule for return address ra, keyed `key` (0: too many unloads to tell
+ * apart, not kept), at `depth` of a walk: this thread's last walk's, else
+ * the table's (and this walk's from now on). */
+static struct uw_rule uw_rule_at(int depth, uint64_t key, uintptr_t ra) {
+    if (key == 0) return uw_find(ra);
+    if (depth >= UW_MEMO) return uw_lookup(key, ra);
+    if (uw_memo[depth].key == key) return uw_unpack(uw_memo[depth].rule);
+    struct uw_rule r = uw_lookup(key, ra);
+    uw_memo[depth].key = key;
+    uw_memo[depth].rule = uw_pack(r);
+    return r;
+}
+
 __attribute__((noinline)) int unwind_stack(void **pc, int max) {
     if (uw_table == NULL || !uw_stack_known()) return -1;
     uintptr_t ra, sp, bp;
@@ -555,30 +568,15 @@ __attribute__((noinline)) int unwind_stack(void **pc, int max) {
     int n = 0;
     for (int depth = 0; n < max; depth++) {
         if (ra >> 48 != 0) return -1; /* not a user-space code address */
-        struct uw_rule r;
-        /* The last walk's rule at this depth, for a return address that
-         * stays (its key is itself): the common case, one compare. */
-        if (depth < UW_MEMO && uw_memo[depth].key == ra) {
-            r = uw_unpack(uw_memo[depth].rule);
-        } else {
-            uint64_t key = ra;
-            if (!uw_stays(ra)) {
-                if (!gen_known && dl_iterate_phdr(uw_subs, &gen) != 1) return -1;
-                gen_known = true;
-                key = gen + 1 < UW_GEN_MAX ? ra | (uint64_t)(gen + 1) << 48 : 0;
-            }
-            if (key == 0) { /* too many unloads to tell apart: no caching */
-                r = uw_find(ra);
-            } else if (depth < UW_MEMO && uw_memo[depth].key == key) {
-                r = uw_unpack(uw_memo[depth].rule);
-            } else {
-                r = uw_lookup(key, ra);
-                if (depth < UW_MEMO) {
-                    uw_memo[depth].key = key;
-                    uw_memo[depth].rule = uw_pack(r);
-                }
-            }
+        /* A return address that stays is its own key; one the last walk had
+         * at this depth says so in one compare (the common case). */
+        uint64_t key = ra;
+        if (!(depth < UW_MEMO && uw_memo[depth].key == ra) && !uw_stays(ra)) {
+            if (!gen_known && dl_iterate_phdr(uw_subs, &gen) != 1) return -1;
+            gen_known = true;
+            key = gen + 1 < UW_GEN_MAX ? ra | (uint64_t)(gen + 1) << 48 : 0;
         }
+        struct uw_rule r = uw_rule_at(depth, key, ra);
         if (r.kind == UW_END) break;
         if (r.kind == UW_FAIL) return -1;
         uintptr_t cfa = (r.kind == UW_RBP_CFA ? bp : sp) + (uintptr_t)(intptr_t)r.cfa_off;
