@@ -779,8 +779,19 @@ static void chk_quarantine_big(struct chk_big *b) {
         hak_unlock(&chk_q_lock);
         b->kept = false;
     }
-    /* Its pages go; what is left reads as zeros and faults when written. */
-    if (!b->kept) os_uncommit((void *)b->data, len);
+    /* Its pages go; what is left reads as zeros and faults when written.
+     * That is what the block and its canaries covered: os_uncommit may have
+     * to clear what it is given (when the OS refuses to drop pages), and
+     * the rest of the range is the inaccessible gap below a big
+     * alignment's block (the clearing faulted there: the fuzzer) and pages
+     * this block never touched (up to the alignment: gigabytes made
+     * resident). Those only lose their pages, if they have any. */
+    if (!b->kept) {
+        uintptr_t t = hak_align_up(b->u + b->n + CHK_BIG_TAIL, HAK_PAGE_SIZE);
+        if (t > b->end) t = b->end;
+        os_uncommit((void *)b->lo, t - b->lo);
+        if (t < b->end) (void)os_decommit((void *)t, b->end - t);
+    }
     struct chk_big *out[CHK_Q_BIG];
     size_t nout = 0;
     hak_lock(&chk_q_lock);

@@ -85,11 +85,17 @@ run_bins() {
 run_script() {
     local name=$1 rp rf
     shift
-    "$@" 2>&1 | tee "$log/$name.out" || true
+    local rc=0
+    "$@" 2>&1 | tee "$log/$name.out" || rc=$?
     rp=$(count "^PASS $name/" "$log/$name.out")
     rf=$(count "^FAIL $name/" "$log/$name.out")
     if [ "$rp" -eq 0 ] && [ "$rf" -eq 0 ]; then
         echo "FAIL $* reported nothing"
+        rf=1
+    elif [ "$rc" -ne 0 ] && [ "$rf" -eq 0 ]; then
+        # It stopped early (the fuzz script once died on a report it did not
+        # parse, after one PASS line): what it did not run did not pass.
+        echo "FAIL $* exited with status $rc without saying why"
         rf=1
     fi
     passed=$((passed + rp))

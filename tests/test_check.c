@@ -536,6 +536,26 @@ static void test_free_keeps_errno_when_the_os_refuses(void **state) {
         free(fresh(sizes[i]));
 }
 
+/* Found by the checked-mode fuzzer: the free of a block of a huge alignment
+ * gave back its whole data range, the inaccessible gap below the block too;
+ * when the OS refused both ways of dropping pages, the clearing memset
+ * faulted in the gap (or, were it writable, made 8 GiB resident). */
+static void test_huge_alignment_free_with_uncommit_refused(void **state) {
+    (void)state;
+    void *p = NULL;
+    assert_int_equal(posix_memalign(&p, (size_t)1 << 33, 100), 0);
+    memset(p, 1, 100);
+    long before = resident_kib();
+    os_fault_only(1u << OS_SITE_UNCOMMIT_MAP | 1u << OS_SITE_UNCOMMIT_DROP);
+    os_fault_arm(0, UINT64_MAX);
+    free(p);
+    os_fault_disarm();
+    os_fault_only(~0u);
+    assert_true(os_fault_site_failed(OS_SITE_UNCOMMIT_DROP) > 0);
+    long grew = resident_kib() - before;
+    if (grew > 8 * 1024) fail_msg("free of a 2^33-aligned block: %ld KiB more resident", grew);
+}
+
 /* Found by the checked-mode fuzzer: the gap below a block of a huge
  * alignment was all painted with canary, so posix_memalign(2^33, 100) made
  * up to 8 GiB resident. Now a page of canary, inaccessible pages below. An
@@ -774,6 +794,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_big_growth_moves_every_other_step),
         cmocka_unit_test(test_free_keeps_errno_when_the_os_refuses),
         cmocka_unit_test(test_huge_alignment_touches_little),
+        cmocka_unit_test(test_huge_alignment_free_with_uncommit_refused),
         cmocka_unit_test(test_calloc_zeroes_reused_slots),
         cmocka_unit_test(test_realloc_impossible_size_fails),
 #ifndef HAK_TEST_TSAN

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <sys/mman.h>
+
 #include "box/arena.h"
 #include "box/config.h"
 #include "box/os.h"
@@ -290,6 +292,34 @@ static void test_uncommit_refused_still_zero(void **state) {
     assert_true(os_commit(r, 2 * MiB));
     for (size_t k = 0; k < 2 * MiB; k += 4096)
         if (r[k] != 0) fail_msg("byte %zu of a given-back place reads %#x", k, r[k]);
+    os_unmap(r, size);
+}
+
+/* The clearing touches only the pages that held something: a range of
+ * address space with a few pages in use (checked mode gives back up to an
+ * alignment's worth) must not become resident (the checked fuzzer ran out
+ * of memory so). */
+static void test_uncommit_refused_clears_only_used_pages(void **state) {
+    (void)state;
+    size_t size = 64 * MiB;
+    uint8_t *r = os_reserve(&size, size, 2 * MiB);
+    assert_non_null(r);
+    assert_true(os_commit(r, 64 * MiB));
+    r[0] = 1;
+    r[40 * MiB] = 2;
+    os_fault_only(1u << OS_SITE_UNCOMMIT_MAP | 1u << OS_SITE_UNCOMMIT_DROP);
+    os_fault_arm(0, UINT64_MAX);
+    os_uncommit(r, 64 * MiB);
+    os_fault_disarm();
+    os_fault_only(~0u);
+    static unsigned char in[64 * MiB / 4096];
+    assert_int_equal(mincore(r, 64 * MiB, in), 0);
+    size_t resident = 0;
+    for (size_t k = 0; k < sizeof in; k++)
+        resident += in[k] & 1;
+    if (resident > 16) fail_msg("%zu pages resident after giving back 2 in use", resident);
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[40 * MiB], 0);
     os_unmap(r, size);
 }
 
@@ -624,6 +654,7 @@ int main(int argc, char **argv) {
     hak_cfg.hugepages = true; /* Large mappings ask for huge pages: one more call */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_uncommit_refused_still_zero),
+        cmocka_unit_test(test_uncommit_refused_clears_only_used_pages),
         cmocka_unit_test(test_each_call_failing_once),
         cmocka_unit_test(test_every_call_failing_from_each_point),
         cmocka_unit_test(test_range_growth_refused),

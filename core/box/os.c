@@ -416,6 +416,27 @@ bool os_commit(void *p, size_t size) {
     return true;
 }
 
+/* Zero [p, p+size): the pages that hold something. A page never touched
+ * reads as zero already, and writing it would make it resident (a range
+ * can be gigabytes of address space with a few pages in use: the checked
+ * fuzzer ran out of memory here). Where mincore cannot tell, every page.
+ * (A page out in swap counts as unused and keeps its bytes: this runs only
+ * when the kernel refused a fresh mapping and madvise both, which it does
+ * not do to anonymous memory but at its map count limit.) */
+static void os_clear(void *p, size_t size) {
+    unsigned char in[256]; /* one per page of a 1 MiB step */
+    for (size_t at = 0; at < size; at += sizeof in * HAK_PAGE_SIZE) {
+        size_t n = size - at < sizeof in * HAK_PAGE_SIZE ? size - at : sizeof in * HAK_PAGE_SIZE;
+        uint8_t *q = (uint8_t *)p + at;
+        if (mincore(q, n, in) != 0) {
+            memset(q, 0, n);
+            continue;
+        }
+        for (size_t i = 0; i * HAK_PAGE_SIZE < n; i++)
+            if (in[i] & 1) memset(q + i * HAK_PAGE_SIZE, 0, HAK_PAGE_SIZE);
+    }
+}
+
 void os_uncommit(void *p, size_t size) {
     int saved = errno;
     /* A fresh mapping in place, as the reservation was made (inaccessible
@@ -446,7 +467,7 @@ void os_uncommit(void *p, size_t size) {
         /* Still refused: clear them. The place is handed out again as zero
          * memory (chunk headers, bitmaps rely on it), and it is writable. */
         if (os_fault(OS_SITE_UNCOMMIT_DROP) || madvise(p, size, MADV_DONTNEED) != 0)
-            memset(p, 0, size);
+            os_clear(p, size);
         os_count(OS_MPROTECT);
         if (!os_fault(OS_SITE_UNCOMMIT_PROT)) mprotect(p, size, PROT_READ);
     }

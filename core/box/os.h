@@ -70,7 +70,8 @@ bool os_readable(void *p, size_t size);
 bool os_commit(void *p, size_t size);
 /* Give [p, p+size) inside a reservation back to the OS: its pages go, the
  * addresses stay reserved, read-only and reading as zeros (always: if the
- * OS refuses to drop the pages, they are cleared). */
+ * OS refuses to drop the pages, they are cleared, so the range must be
+ * writable: none of it inaccessible). */
 void os_uncommit(void *p, size_t size);
 
 /* Make [p, p+size) (page multiples) inaccessible: a guard, where any access

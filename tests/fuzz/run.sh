@@ -156,7 +156,10 @@ for name in "${targets[@]}"; do
             elif grep -q -E "ERROR: libFuzzer: (timeout|out-of-memory)" "$log"; then
                 why=$(grep -o -m1 -E "ERROR: libFuzzer: (timeout|out-of-memory)[^)]*\)?" "$log")
             elif grep -q -E "ERROR: AddressSanitizer|runtime error:" "$log"; then
-                why=$(grep -o -m1 -E "(ERROR: AddressSanitizer: [a-z-]+|runtime error: .*)" "$log" | head -c 200)
+                # (|| true: under pipefail a report this does not match, such
+                # as "SEGV", ended the script without a FAIL line.)
+                why=$(grep -o -m1 -E "(ERROR: AddressSanitizer: [A-Za-z-]+|runtime error: .*)" "$log" | head -c 200 || true)
+                why=${why:-crash (exit $rc)}
             else
                 why="crash (exit $rc)"
             fi
