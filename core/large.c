@@ -590,19 +590,19 @@ static void *large_open(struct large_hdr *h, size_t off, size_t size, bool growi
 #define LARGE_SPARE_BYTES ((size_t)2 << 20)
 
 static struct {
-    pthread_mutex_t lock;
+    hak_spin lock;
     uint32_t n;
     size_t bytes; /* mapped bytes of all of them */
     struct large_hdr *h[LARGE_SPARES];
     /* When one was last put here (hak_now_ms); 0 with none. Unused for
      * hak_cfg.bigcache_age_ms, they go to the BigCache (large_spare_age). */
     uint64_t used_ms;
-} large_spares = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} large_spares = {.lock = HAK_SPIN_INIT};
 
 /* A spare with at least `room` bytes of room, and not more than twice as
  * many: the smallest; NULL when none. */
 static struct large_hdr *large_spare_take(size_t room) {
-    hak_lock(&large_spares.lock);
+    hak_spin_lock(&large_spares.lock);
     uint32_t best = LARGE_SPARES;
     for (uint32_t i = 0; i < large_spares.n; i++) {
         size_t r = large_room(large_spares.h[i]);
@@ -617,13 +617,13 @@ static struct large_hdr *large_spare_take(size_t room) {
         large_spares.bytes -= h->map_size;
         if (large_spares.n == 0) large_spares.used_ms = 0; /* nothing to age */
     }
-    hak_unlock(&large_spares.lock);
+    hak_spin_unlock(&large_spares.lock);
     return h;
 }
 
 /* Keep freed mapping h as a spare; false when there is no room for it. */
 static bool large_spare_put(struct large_hdr *h) {
-    hak_lock(&large_spares.lock);
+    hak_spin_lock(&large_spares.lock);
     size_t most =
         LARGE_SPARE_BYTES < hak_cfg.bigcache_bytes ? LARGE_SPARE_BYTES : hak_cfg.bigcache_bytes;
     bool room = large_spares.n < LARGE_SPARES && large_spares.bytes + h->map_size <= most;
@@ -632,20 +632,20 @@ static bool large_spare_put(struct large_hdr *h) {
         large_spares.bytes += h->map_size;
         large_spares.used_ms = hak_now_ms();
     }
-    hak_unlock(&large_spares.lock);
+    hak_spin_unlock(&large_spares.lock);
     if (room) bell_ring(); /* memory to age (large_age_next) */
     return room;
 }
 
 /* Every spare out: into *out (LARGE_SPARES of room); how many. */
 static uint32_t large_spare_drain(struct large_hdr **out) {
-    hak_lock(&large_spares.lock);
+    hak_spin_lock(&large_spares.lock);
     uint32_t n = large_spares.n;
     memcpy(out, large_spares.h, n * sizeof *out);
     large_spares.n = 0;
     large_spares.bytes = 0;
     large_spares.used_ms = 0;
-    hak_unlock(&large_spares.lock);
+    hak_spin_unlock(&large_spares.lock);
     return n;
 }
 
@@ -661,9 +661,9 @@ static void large_spare_flush(void) {
  * due to, UINT64_MAX with none. On the tier's own calls (the BigCache's
  * look at its ages) and the background thread's. */
 static uint64_t large_spare_age(uint64_t now) {
-    hak_lock(&large_spares.lock); /* (the look the bell's promise needs: bell.h) */
+    hak_spin_lock(&large_spares.lock); /* (the look the bell's promise needs: bell.h) */
     uint64_t used = large_spares.used_ms;
-    hak_unlock(&large_spares.lock);
+    hak_spin_unlock(&large_spares.lock);
     if (used == 0) return UINT64_MAX;
     /* (now was read before the lock: a put since may be later.) */
     if (used >= now || now - used < hak_cfg.bigcache_age_ms) return used + hak_cfg.bigcache_age_ms;
@@ -1034,12 +1034,12 @@ bool large_trim(void) {
 }
 
 void large_fork_prepare(void) {
-    pthread_mutex_lock(&large_spares.lock);
+    hak_spin_lock(&large_spares.lock);
     pthread_mutex_lock(&large_cache.lock);
 }
 void large_fork_release(void) {
     pthread_mutex_unlock(&large_cache.lock);
-    pthread_mutex_unlock(&large_spares.lock);
+    hak_spin_unlock(&large_spares.lock);
 }
 
 void large_get_stats(struct large_stats *s) {
@@ -1050,10 +1050,10 @@ void large_get_stats(struct large_stats *s) {
     s->remaps_moved = atomic_load(&large_n_moved);
     s->live_blocks = atomic_load(&large_live_blocks);
     s->live_bytes = atomic_load(&large_live_bytes);
-    hak_lock(&large_spares.lock);
+    hak_spin_lock(&large_spares.lock);
     s->cached_blocks = large_spares.n;
     s->cached_bytes = large_spares.bytes;
-    hak_unlock(&large_spares.lock);
+    hak_spin_unlock(&large_spares.lock);
     hak_lock(&large_cache.lock);
     s->cached_blocks += large_cache.n;
     s->cached_bytes += large_cache.bytes;

@@ -9,7 +9,10 @@
 #include "sizes.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <time.h>
 
 extern HAK_HIDDEN __thread bool hak_in_fork;
 
@@ -19,6 +22,46 @@ static inline void hak_lock(pthread_mutex_t *m) {
 
 static inline void hak_unlock(pthread_mutex_t *m) {
     if (hak_likely(!hak_in_fork)) pthread_mutex_unlock(m);
+}
+
+/* A spin lock, for data touched once per heap-profile sample (its records,
+ * the Large tier's spares): one atomic exchange to take it and a plain store
+ * to give it back, where a mutex costs two atomics and two calls. Holders
+ * keep it for a few dozen instructions, except a profile dump (file writes):
+ * a waiter spins a little, then yields, then sleeps, so that it does not
+ * burn a CPU beside a holder that is blocked or preempted. */
+typedef struct {
+    _Atomic bool held;
+} hak_spin;
+#define HAK_SPIN_INIT                                                                              \
+    { false }
+
+static __attribute__((cold, noinline)) void hak_spin_wait(hak_spin *l) {
+    for (unsigned tries = 0;; tries++) {
+        /* Read until free (no writes to the line meanwhile), then try. */
+        while (atomic_load_explicit(&l->held, memory_order_relaxed)) {
+            if (tries < 64) {
+                __builtin_ia32_pause();
+            } else if (tries < 128) {
+                sched_yield();
+            } else {
+                struct timespec nap = {0, 100000}; /* 0.1 ms */
+                nanosleep(&nap, NULL);
+            }
+            tries++;
+        }
+        if (!atomic_exchange_explicit(&l->held, true, memory_order_acquire)) return;
+    }
+}
+
+static inline void hak_spin_lock(hak_spin *l) {
+    if (hak_unlikely(hak_in_fork)) return;
+    if (hak_unlikely(atomic_exchange_explicit(&l->held, true, memory_order_acquire)))
+        hak_spin_wait(l);
+}
+
+static inline void hak_spin_unlock(hak_spin *l) {
+    if (hak_likely(!hak_in_fork)) atomic_store_explicit(&l->held, false, memory_order_release);
 }
 
 #endif
