@@ -1,6 +1,6 @@
 /* Lock box: the spin lock (hak_spin) excludes, hands over to a waiter that
- * has gone past spinning, and steps aside inside the fork window as the
- * mutex wrappers do. */
+ * has gone past spinning (asleep, and not cancelled there), and steps aside
+ * inside the fork window as the mutex wrappers do. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +10,7 @@
 #include "box/lock.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <time.h>
@@ -44,36 +45,41 @@ static void test_excludes(void **state) {
 
 static hak_spin slow = HAK_SPIN_INIT;
 static _Atomic int waiter_stage; /* 1: about to lock; 2: has it */
-static int written;              /* by the holder, under the lock */
+
+static int written;     /* by the holder, under the lock */
+static uint64_t cpu_ns; /* the waiter's CPU time in hak_spin_lock */
+
+static uint64_t clock_ns(clockid_t c) {
+    struct timespec ts;
+    clock_gettime(c, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static void *wait_for_it(void *arg) {
     (void)arg;
     atomic_store(&waiter_stage, 1);
+    uint64_t cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     hak_spin_lock(&slow);
+    cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
     int seen = written;
     atomic_store(&waiter_stage, 2);
     hak_spin_unlock(&slow);
     return (void *)(intptr_t)seen;
 }
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* A holder that keeps the lock 50 ms (a profile dump writing a file): the
- * waiter goes through spinning and yielding to sleeping, gets the lock once
- * it is given back, and not before: it sees what was written under it. */
+/* A holder that keeps the lock 200 ms, asleep (a profile dump writing a
+ * file): the waiter gets the lock once it is given back, and not before (it
+ * sees what was written under it), and meanwhile sleeps: it does not spin or
+ * yield the whole time, which would use the 200 ms of CPU. */
 static void test_waiter_past_spinning_gets_it(void **state) {
     (void)state;
     hak_spin_lock(&slow);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, wait_for_it, NULL), 0);
-    while (atomic_load(&waiter_stage) != 1)
+    while (atomic_load(&waiter_stage) < 1) /* (< : a lock that lets it pass fails below) */
         sched_yield();
-    uint64_t start = now_ns();
-    while (now_ns() - start < 50000000u) {
+    uint64_t start = clock_ns(CLOCK_MONOTONIC);
+    while (clock_ns(CLOCK_MONOTONIC) - start < 200000000u) {
         assert_int_equal(atomic_load(&waiter_stage), 1); /* still waiting */
         struct timespec nap = {0, 1000000};
         nanosleep(&nap, NULL);
@@ -84,9 +90,48 @@ static void test_waiter_past_spinning_gets_it(void **state) {
     assert_int_equal(pthread_join(t, &seen), 0);
     assert_int_equal(atomic_load(&waiter_stage), 2);
     assert_int_equal((intptr_t)seen, 42);
+    /* Spins and yields take a few ms; the rest is asleep. */
+    if (cpu_ns > 100000000u)
+        fail_msg("the waiter used %llu ms of CPU", (unsigned long long)(cpu_ns / 1000000));
     /* And it was given back: taking it again does not block. */
     hak_spin_lock(&slow);
     hak_spin_unlock(&slow);
+}
+
+static hak_spin cancel_lock = HAK_SPIN_INIT;
+static _Atomic int cancel_stage; /* 1: cancel pending, about to lock; 2: got it */
+
+static void *wait_cancelled(void *arg) {
+    (void)arg;
+    int old;
+    pthread_setcanceltype(PTHREAD_CANCEL_DEFERRED, &old);
+    while (atomic_load(&cancel_stage) < 1) /* the cancel is sent meanwhile */
+        sched_yield();
+    hak_spin_lock(&cancel_lock);
+    atomic_store(&cancel_stage, 2);
+    hak_spin_unlock(&cancel_lock);
+    pthread_testcancel();
+    return NULL;
+}
+
+/* A thread with a cancel pending that waits for the lock (a free in a
+ * thread being cancelled while a dump holds the records) gets it: the wait
+ * is no cancellation point (libc's nanosleep is one: the thread ended inside
+ * the allocator, with the block neither freed nor forgotten). */
+static void test_wait_is_no_cancellation_point(void **state) {
+    (void)state;
+    hak_spin_lock(&cancel_lock);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, wait_cancelled, NULL), 0);
+    assert_int_equal(pthread_cancel(t), 0);
+    atomic_store(&cancel_stage, 1);
+    struct timespec nap = {0, 50000000}; /* past spinning and yielding */
+    nanosleep(&nap, NULL);
+    hak_spin_unlock(&cancel_lock);
+    void *ret;
+    assert_int_equal(pthread_join(t, &ret), 0);
+    assert_ptr_equal(ret, PTHREAD_CANCELED); /* (at pthread_testcancel) */
+    assert_int_equal(atomic_load(&cancel_stage), 2);
 }
 
 /* In the fork window the forking thread holds every lock already (taken by
@@ -108,6 +153,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_excludes),
         cmocka_unit_test(test_waiter_past_spinning_gets_it),
+        cmocka_unit_test(test_wait_is_no_cancellation_point),
         cmocka_unit_test(test_fork_window_skips_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,11 +8,13 @@
 
 #include "sizes.h"
 
+#include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 extern HAK_HIDDEN __thread bool hak_in_fork;
 
@@ -27,31 +29,37 @@ static inline void hak_unlock(pthread_mutex_t *m) {
 /* A spin lock, for data touched once per heap-profile sample (its records,
  * the Large tier's spares): one atomic exchange to take it and a plain store
  * to give it back, where a mutex costs two atomics and two calls. Holders
- * keep it for a few dozen instructions, except a profile dump (file writes):
- * a waiter spins a little, then yields, then sleeps, so that it does not
- * burn a CPU beside a holder that is blocked or preempted. */
+ * keep it briefly, except a profile dump (file writes): a waiter spins a
+ * little, then yields, then sleeps, so that it does not burn a CPU beside a
+ * holder that is blocked or preempted. */
 typedef struct {
     _Atomic bool held;
 } hak_spin;
 #define HAK_SPIN_INIT                                                                              \
     { false }
 
+/* Yield and sleep are raw system calls: libc's nanosleep is a cancellation
+ * point (a cancel would end the thread inside malloc, or inside fork's
+ * prepare handler with other locks held), and another preloaded library may
+ * wrap either one with code that allocates. errno is the program's. */
 static __attribute__((cold, noinline)) void hak_spin_wait(hak_spin *l) {
+    int saved = errno;
     for (unsigned tries = 0;; tries++) {
         /* Read until free (no writes to the line meanwhile), then try. */
         while (atomic_load_explicit(&l->held, memory_order_relaxed)) {
             if (tries < 64) {
                 __builtin_ia32_pause();
-            } else if (tries < 128) {
-                sched_yield();
+            } else if (tries < 4096) { /* (a few ms of yields) */
+                syscall(SYS_sched_yield);
             } else {
-                struct timespec nap = {0, 100000}; /* 0.1 ms */
-                nanosleep(&nap, NULL);
+                struct timespec nap = {0, 50000}; /* 50 us */
+                syscall(SYS_nanosleep, &nap, NULL);
             }
             tries++;
         }
-        if (!atomic_exchange_explicit(&l->held, true, memory_order_acquire)) return;
+        if (!atomic_exchange_explicit(&l->held, true, memory_order_acquire)) break;
     }
+    errno = saved;
 }
 
 static inline void hak_spin_lock(hak_spin *l) {

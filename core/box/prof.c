@@ -232,7 +232,7 @@ void prof_record(const void *p, size_t n, size_t size) {
         r->n = n;
         r->scale = scale;
         r->depth = (uint32_t)depth;
-        __builtin_memcpy(r->pc, pc + skip, r->depth * sizeof *pc); /* (built -fno-builtin) */
+        memcpy(r->pc, pc + skip, r->depth * sizeof *pc);
         struct prof_rec **b = prof_bucket(p);
         r->next = *b;
         *b = r;
