@@ -4,7 +4,8 @@
  * function, recursion past the limit), through libc's frames, on threads'
  * stacks (a user-supplied one too), and where it may give up (a signal
  * handler, a coroutine's stack) it gives up rather than answer wrong. Each
- * walk is done twice, so the second reads the rules it kept. */
+ * walk is done twice, so the second reads the rules it kept (and replays
+ * the first: the same start, the same words on the stack). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -170,6 +171,34 @@ static void test_frame_shapes(void **state) {
     assert_int_equal(compared, 14);
 }
 
+/* ---- the same place, other callers -------------------------------------------------
+ * A walk from where the last one started, through other frames further out:
+ * it must not answer the last walk's frames (the walker replays its last
+ * walk when every word it read is unchanged). */
+
+static NOINLINE void mid(void) {
+    walk_here(0);
+    __asm__ volatile("");
+}
+static NOINLINE void outer_a(void) {
+    mid();
+    __asm__ volatile("");
+}
+static NOINLINE void outer_b(void) {
+    mid();
+    __asm__ volatile("");
+}
+
+static void test_same_place_other_callers(void **state) {
+    (void)state;
+    /* The same call in the loop: each walk starts where the last one did,
+     * and differs from it three frames out. */
+    void (*const outer[])(void) = {outer_a, outer_b, outer_a, outer_a, outer_b};
+    for (size_t i = 0; i < sizeof outer / sizeof outer[0]; i++)
+        outer[i]();
+    assert_int_equal(compared, 10);
+}
+
 /* ---- through libc's frames ------------------------------------------------------- */
 
 static int cmp_walk(const void *a, const void *b) {
@@ -287,6 +316,7 @@ int main(void) {
         cmocka_unit_test_setup(test_plain_chain, reset),
         cmocka_unit_test_setup(test_recursion_past_the_limit, reset),
         cmocka_unit_test_setup(test_frame_shapes, reset),
+        cmocka_unit_test_setup(test_same_place_other_callers, reset),
         cmocka_unit_test_setup(test_through_libc, reset),
         cmocka_unit_test_setup(test_thread, reset),
         cmocka_unit_test_setup(test_user_stack, reset),

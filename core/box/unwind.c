@@ -554,6 +554,47 @@ static struct uw_rule uw_rule_at(int depth, uint64_t key, uintptr_t ra) {
     return r;
 }
 
+/* This thread's last whole walk, when every frame of it was in code that
+ * stays loaded: where it started, each word it read and what it found. A
+ * walk is a function of its start and of the words it reads (a frame's rule
+ * is one of its return address alone), so a walk from the same start that
+ * finds the same words in the same places goes the same way: it compares
+ * them instead of stepping frame by frame (a sample from a loop's call site
+ * costs a compare per frame). */
+#define UW_LAST 32 /* steps kept; a longer walk is not */
+static __thread struct {
+    int n;         /* steps; 0: none kept */
+    int max;       /* the walk's max; its result is n or n - 1 return addresses */
+    bool zero_end; /* the last step read a 0 return address (not a result) */
+    bool need_bp;  /* the start's %rbp was used (for a CFA) */
+    uintptr_t sp, bp;
+    struct {
+        const uintptr_t *ra_at, *bp_at;
+        uintptr_t ra, bp;
+        /* The %rbp it read (at bp_at) was used for a CFA. One only saved
+         * there (the register held the program's data) may differ. */
+        bool bp_used;
+    } step[UW_LAST];
+} uw_last;
+
+/* The last walk again, if it starts at (sp, bp) with this max and finds
+ * every word where it found it: its result count, else -1. */
+static int uw_replay(void **pc, int max, uintptr_t sp, uintptr_t bp) {
+    if (uw_last.n == 0 || uw_last.max != max || uw_last.sp != sp ||
+        (uw_last.need_bp && uw_last.bp != bp))
+        return -1;
+    /* (Every word read lies between sp and the top of the stack: sp is the
+     * same, so it is still this thread's stack to read.) */
+    for (int i = 0; i < uw_last.n; i++)
+        if (*uw_last.step[i].ra_at != uw_last.step[i].ra ||
+            (uw_last.step[i].bp_used && *uw_last.step[i].bp_at != uw_last.step[i].bp))
+            return -1;
+    int n = uw_last.n - uw_last.zero_end;
+    for (int i = 0; i < n; i++)
+        pc[i] = (void *)uw_last.step[i].ra;
+    return n;
+}
+
 __attribute__((noinline)) int unwind_stack(void **pc, int max) {
     if (uw_table == NULL || !uw_stack_known()) return -1;
     uintptr_t ra, sp, bp;
@@ -563,10 +604,19 @@ __attribute__((noinline)) int unwind_stack(void **pc, int max) {
                      : "=r"(ra), "=r"(sp), "=r"(bp));
     uintptr_t top = uw_stack.hi;
     if (sp < uw_stack.lo || sp >= top) return -1;
+    int again = uw_replay(pc, max, sp, bp);
+    if (again >= 0) return again;
+    uw_last.n = 0; /* (kept again below, if this walk may be) */
+    uw_last.sp = sp;
+    uw_last.bp = bp;
+    uw_last.need_bp = false;
+    bool keep = true; /* every frame so far in code that stays, and few enough */
+    int bp_step = -1; /* the step that read bp; -1: it is the start's */
     unsigned long long gen = 0;
     bool gen_known = false; /* asked of the loader at the first frame that needs it */
-    int n = 0;
-    for (int depth = 0; n < max; depth++) {
+    int n = 0, depth = 0;
+    bool zero_end = false;
+    for (; n < max; depth++) {
         if (ra >> 48 != 0) return -1; /* not a user-space code address */
         /* A return address that stays is its own key; one the last walk had
          * at this depth says so in one compare (the common case). */
@@ -575,20 +625,51 @@ __attribute__((noinline)) int unwind_stack(void **pc, int max) {
             if (!gen_known && dl_iterate_phdr(uw_subs, &gen) != 1) return -1;
             gen_known = true;
             key = gen + 1 < UW_GEN_MAX ? ra | (uint64_t)(gen + 1) << 48 : 0;
+            keep = false; /* (its rule may change when objects are unloaded) */
         }
         struct uw_rule r = uw_rule_at(depth, key, ra);
         if (r.kind == UW_END) break;
         if (r.kind == UW_FAIL) return -1;
+        if (r.kind == UW_RBP_CFA) {
+            if (bp_step < 0)
+                uw_last.need_bp = true;
+            else if (bp_step < UW_LAST)
+                uw_last.step[bp_step].bp_used = true;
+        }
         uintptr_t cfa = (r.kind == UW_RBP_CFA ? bp : sp) + (uintptr_t)(intptr_t)r.cfa_off;
         /* What is read (span8 words below the CFA) lies in the caller's
          * part of the stack: above this frame's %rsp, below the top. A walk
          * that would leave it went wrong somewhere: backtrace() instead. */
         if (cfa > top || cfa < sp + 8 * (uintptr_t)r.span8) return -1;
-        if (r.rbp_off8 != 0) bp = *(const uintptr_t *)(cfa + (uintptr_t)(intptr_t)r.rbp_off8 * 8);
-        ra = *(const uintptr_t *)(cfa + (uintptr_t)(intptr_t)r.ra_off8 * 8);
+        const uintptr_t *bp_at = NULL;
+        if (r.rbp_off8 != 0) {
+            bp_at = (const uintptr_t *)(cfa + (uintptr_t)(intptr_t)r.rbp_off8 * 8);
+            bp = *bp_at;
+            bp_step = depth;
+        }
+        const uintptr_t *ra_at = (const uintptr_t *)(cfa + (uintptr_t)(intptr_t)r.ra_off8 * 8);
+        ra = *ra_at;
         sp = cfa;
-        if (ra == 0) break;
+        if (depth < UW_LAST) {
+            uw_last.step[depth].ra_at = ra_at;
+            uw_last.step[depth].bp_at = bp_at;
+            uw_last.step[depth].ra = ra;
+            uw_last.step[depth].bp = bp;
+            uw_last.step[depth].bp_used = false;
+        } else {
+            keep = false;
+        }
+        if (ra == 0) {
+            zero_end = true;
+            depth++;
+            break;
+        }
         pc[n++] = (void *)ra;
+    }
+    if (keep) {
+        uw_last.max = max;
+        uw_last.zero_end = zero_end;
+        uw_last.n = depth;
     }
     return n;
 }
