@@ -155,17 +155,58 @@ struct large_cache {
 };
 static struct large_cache large_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static _Atomic uint64_t large_n_allocs, large_n_frees, large_n_hits, large_n_inplace, large_n_moved,
-    large_live_blocks, large_live_bytes;
+/* The tier's counters. A thread adds its changes to its own copy and
+ * publishes them (an atomic add per counter changed) every LARGE_BATCH
+ * changes, before it reads them, and at its exit: an atomic on a line every
+ * thread writes cost ~5 ns, and a sampled small block (a Large block per
+ * sample) made seven. Until then another thread's reading misses up to
+ * LARGE_BATCH of a thread's latest changes (as usage.h's counter). Signed:
+ * a thread's published frees of blocks another thread allocated may come
+ * before that thread's publishing of them. */
+enum { LC_ALLOCS, LC_FREES, LC_HITS, LC_INPLACE, LC_MOVED, LC_LIVE_BLOCKS, LC_LIVE_BYTES, LC_N };
+#define LARGE_BATCH 64
+static _Atomic int64_t large_count[LC_N];
+static __thread struct {
+    int64_t d[LC_N];
+    uint32_t changes;
+    /* LARGE_BATCH while the thread's exit hook publishes the rest
+     * (large_thread_start), 0 (at once) before and after. */
+    uint32_t batch;
+} large_tls;
 
-static inline void large_add(_Atomic uint64_t *c, int64_t d) {
-    atomic_fetch_add_explicit(c, (uint64_t)d, memory_order_relaxed);
+static void large_publish(void) {
+    for (int c = 0; c < LC_N; c++)
+        if (large_tls.d[c] != 0) {
+            atomic_fetch_add_explicit(&large_count[c], large_tls.d[c], memory_order_relaxed);
+            large_tls.d[c] = 0;
+        }
+    large_tls.changes = 0;
+}
+
+static inline void large_add(int c, int64_t d) {
+    large_tls.d[c] += d;
+    if (++large_tls.changes >= large_tls.batch) large_publish();
+}
+
+void large_thread_start(void) {
+    large_tls.batch = LARGE_BATCH;
+}
+
+void large_thread_exit(void) {
+    large_tls.batch = 0;
+    large_publish();
+}
+
+/* A published counter, never below 0 (see large_count). */
+static uint64_t large_counted(int c) {
+    int64_t v = atomic_load_explicit(&large_count[c], memory_order_relaxed);
+    return v > 0 ? (uint64_t)v : 0;
 }
 
 /* The live blocks' mappings grew by d bytes (shrank, when negative): they
  * are what the tier has in use (box/usage.h). */
 static inline void large_live_add(int64_t d) {
-    large_add(&large_live_bytes, d);
+    large_add(LC_LIVE_BYTES, d);
     usage_add(d);
 }
 
@@ -570,10 +611,28 @@ static void *large_open(struct large_hdr *h, size_t off, size_t size, bool growi
     size_t room = large_room(h);
     h->ready = growing && clean < room ? clean : room;
     if (zero && clean > off) memset(h->user, 0, clean - off < size ? clean - off : size);
-    large_add(&large_n_allocs, 1);
-    large_add(&large_live_blocks, 1);
+    large_add(LC_ALLOCS, 1);
+    large_add(LC_LIVE_BLOCKS, 1);
     large_live_add((int64_t)h->map_size);
     return h->user;
+}
+
+/* The mappings of sampled small blocks, live or spare, at most
+ * LARGE_SAMPLED_MAX. Each is a mapping of its own, and the kernel limits how
+ * many a process has (vm.max_map_count, 65530 by default): past it every
+ * mmap fails, the program's own too. With a small HAKMEM_PROF_SAMPLE a
+ * program keeping many small blocks would reach it (python3 did, sampling
+ * every KiB). A quarter of the default (half where the guard page is a
+ * kernel mapping of its own: mprotect, before Linux 6.13); at the default
+ * rate, 8 GiB of small blocks in use. Counted as a mapping comes in for a
+ * sample and as it leaves for the BigCache or the kernel: a spare taken or
+ * put back changes nothing (no atomic per sample). */
+#define LARGE_SAMPLED_MAX 16384
+static _Atomic uint32_t large_sampled_small;
+
+/* n mappings of sampled small blocks are no longer (see above). */
+static void large_sampled_out(uint32_t n) {
+    atomic_fetch_sub_explicit(&large_sampled_small, n, memory_order_relaxed);
 }
 
 /* Spares: the mappings of freed sampled blocks that are not Large (a small
@@ -594,6 +653,7 @@ static struct {
     uint32_t n;
     size_t bytes; /* mapped bytes of all of them */
     struct large_hdr *h[LARGE_SPARES];
+    size_t room[LARGE_SPARES]; /* large_room of each: the search reads no header */
     /* When one was last put here (hak_now_ms); 0 with none. Unused for
      * hak_cfg.bigcache_age_ms, they go to the BigCache (large_spare_age). */
     uint64_t used_ms;
@@ -604,16 +664,20 @@ static struct {
 static struct large_hdr *large_spare_take(size_t room) {
     hak_spin_lock(&large_spares.lock);
     uint32_t best = LARGE_SPARES;
+    size_t best_room = SIZE_MAX;
     for (uint32_t i = 0; i < large_spares.n; i++) {
-        size_t r = large_room(large_spares.h[i]);
-        if (r >= room && r / 2 <= room &&
-            (best == LARGE_SPARES || r < large_room(large_spares.h[best])))
+        size_t r = large_spares.room[i];
+        if (r >= room && r / 2 <= room && r < best_room) {
             best = i;
+            best_room = r;
+        }
     }
     struct large_hdr *h = NULL;
     if (best != LARGE_SPARES) {
         h = large_spares.h[best];
-        large_spares.h[best] = large_spares.h[--large_spares.n];
+        large_spares.n--;
+        large_spares.h[best] = large_spares.h[large_spares.n];
+        large_spares.room[best] = large_spares.room[large_spares.n];
         large_spares.bytes -= h->map_size;
         if (large_spares.n == 0) large_spares.used_ms = 0; /* nothing to age */
     }
@@ -628,7 +692,8 @@ static bool large_spare_put(struct large_hdr *h) {
         LARGE_SPARE_BYTES < hak_cfg.bigcache_bytes ? LARGE_SPARE_BYTES : hak_cfg.bigcache_bytes;
     bool room = large_spares.n < LARGE_SPARES && large_spares.bytes + h->map_size <= most;
     if (room) {
-        large_spares.h[large_spares.n++] = h;
+        large_spares.h[large_spares.n] = h;
+        large_spares.room[large_spares.n++] = large_room(h);
         large_spares.bytes += h->map_size;
         large_spares.used_ms = hak_now_ms();
     }
@@ -646,6 +711,7 @@ static uint32_t large_spare_drain(struct large_hdr **out) {
     large_spares.bytes = 0;
     large_spares.used_ms = 0;
     hak_spin_unlock(&large_spares.lock);
+    large_sampled_out(n);
     return n;
 }
 
@@ -701,7 +767,7 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
     size_t clean = 0; /* fresh mappings are zero throughout */
     struct large_hdr *h = large_cache_take(room, map_align, growing, &clean);
     if (h) {
-        large_add(&large_n_hits, 1);
+        large_add(LC_HITS, 1);
         /* A small-pages mapping asks for huge pages now (not under an
          * address-space limit: there this made CPython's second fill in
          * tests/oom get 21% less, a cause not yet understood). */
@@ -723,49 +789,40 @@ void *large_alloc(size_t size, size_t align, bool zero) {
     return large_alloc_as(size, align, zero, false);
 }
 
-/* Sampled small blocks live now, at most LARGE_SAMPLED_MAX. Each is a
- * mapping of its own, and the kernel limits how many a process has
- * (vm.max_map_count, 65530 by default): past it every mmap fails, the
- * program's own too. With a small HAKMEM_PROF_SAMPLE a program keeping many
- * small blocks would reach it (python3 did, sampling every KiB). A quarter
- * of the default (half where the guard page is a kernel mapping of its own:
- * mprotect, before Linux 6.13); at the default rate, 8 GiB of small blocks
- * in use. */
-#define LARGE_SAMPLED_MAX 16384
-static _Atomic uint32_t large_sampled_small;
-
 /* h, a sampled block, is freed or reallocated: its sample goes. True when
- * it was a small block (moved here by the profiler). */
+ * it was a small block (moved here by the profiler): its mapping is still
+ * counted in large_sampled_small. */
 static bool large_unsample(struct large_hdr *h) {
     prof_forget(h->user);
     h->sampled = false;
-    bool small = h->req <= HAK_SMALL_MAX;
-    if (small) atomic_fetch_sub_explicit(&large_sampled_small, 1, memory_order_relaxed);
-    return small;
+    return h->req <= HAK_SMALL_MAX;
 }
 
 void *large_alloc_sampled(size_t size, size_t align, bool zero) {
     bool small = size <= HAK_SMALL_MAX;
-    if (small && atomic_fetch_add_explicit(&large_sampled_small, 1, memory_order_relaxed) >=
-                     LARGE_SAMPLED_MAX) {
-        atomic_fetch_sub_explicit(&large_sampled_small, 1, memory_order_relaxed);
-        return NULL;
-    }
     size_t off = large_offset(align);
     void *p = NULL;
     if (small && off <= HAK_REGION_SIZE) { /* (a spare is region-aligned) */
         struct large_hdr *h =
             large_spare_take(hak_align_up(off + (size ? size : 1), HAK_PAGE_SIZE));
         if (h != NULL) {
-            large_add(&large_n_hits, 1);
+            large_add(LC_HITS, 1);
             p = large_open(h, off, size, false, zero, h->map_size); /* (its pages were used) */
         }
     }
-    if (p == NULL) p = large_alloc_as(size, align, zero, false);
-    if (p != NULL)
-        ((struct large_hdr *)((uint8_t *)p - off))->sampled = true;
-    else if (small)
-        atomic_fetch_sub_explicit(&large_sampled_small, 1, memory_order_relaxed);
+    if (p == NULL) {
+        if (small && atomic_fetch_add_explicit(&large_sampled_small, 1, memory_order_relaxed) >=
+                         LARGE_SAMPLED_MAX) {
+            large_sampled_out(1);
+            return NULL;
+        }
+        p = large_alloc_as(size, align, zero, false);
+        if (p == NULL) {
+            if (small) large_sampled_out(1);
+            return NULL;
+        }
+    }
+    ((struct large_hdr *)((uint8_t *)p - off))->sampled = true;
     return p;
 }
 
@@ -834,10 +891,13 @@ void large_free(void *p, uint32_t entry, const char *fn) {
     bool spare = hak_unlikely(h->sampled) && large_unsample(h);
     h->magic = LARGE_FREE;
     if (h->growing) atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
-    large_add(&large_n_frees, 1);
-    large_add(&large_live_blocks, -1);
+    large_add(LC_FREES, 1);
+    large_add(LC_LIVE_BLOCKS, -1);
     large_live_add(-(int64_t)h->map_size);
-    if (hak_unlikely(spare) && large_spare_put(h)) return;
+    if (hak_unlikely(spare)) {
+        if (large_spare_put(h)) return;
+        large_sampled_out(1);
+    }
     large_cache_put(h);
 }
 
@@ -869,7 +929,7 @@ static struct large_hdr *large_move(struct large_hdr *h, size_t need, size_t n) 
     dst->req = n;
     dst->user = (uint8_t *)dst + off;
     dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
-    large_add(&large_n_moved, 1);
+    large_add(LC_MOVED, 1);
     large_live_add((int64_t)need - (int64_t)old);
     return dst;
 }
@@ -898,7 +958,7 @@ static bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
      * leaves exist). */
     rmap_mark_span(h, size, RMAP_LARGE);
     large_set_map_size(h, size, guarded, !got.decommitted);
-    large_add(&large_n_inplace, 1);
+    large_add(LC_INPLACE, 1);
     large_live_add((int64_t)size - (int64_t)old);
     return true;
 }
@@ -931,7 +991,7 @@ static struct large_hdr *large_remap(struct large_hdr *h, size_t n, size_t need)
     }
     large_set_map_size(h, need, false, false);
     h->req = n;
-    large_add(&large_n_inplace, 1);
+    large_add(LC_INPLACE, 1);
     large_live_add((int64_t)need - (int64_t)old);
     return h;
 }
@@ -977,7 +1037,7 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
 void *large_realloc(void *p, uint32_t entry, size_t n) {
     struct large_hdr *h = large_header(p, entry, "realloc");
     if (hak_unlikely(h->sampled)) { /* its record would keep the old size (or address) */
-        large_unsample(h);
+        if (large_unsample(h)) large_sampled_out(1); /* (an ordinary block from now) */
         /* A small block the profiler moved here: its realloc goes where any
          * block of its new size would (the caller's move; it may be sampled
          * again), not on as a Large block growing a page at a time. */
@@ -1043,13 +1103,14 @@ void large_fork_release(void) {
 }
 
 void large_get_stats(struct large_stats *s) {
-    s->allocs = atomic_load(&large_n_allocs);
-    s->frees = atomic_load(&large_n_frees);
-    s->cache_hits = atomic_load(&large_n_hits);
-    s->remaps_inplace = atomic_load(&large_n_inplace);
-    s->remaps_moved = atomic_load(&large_n_moved);
-    s->live_blocks = atomic_load(&large_live_blocks);
-    s->live_bytes = atomic_load(&large_live_bytes);
+    large_publish(); /* (this thread's own changes: all of them) */
+    s->allocs = large_counted(LC_ALLOCS);
+    s->frees = large_counted(LC_FREES);
+    s->cache_hits = large_counted(LC_HITS);
+    s->remaps_inplace = large_counted(LC_INPLACE);
+    s->remaps_moved = large_counted(LC_MOVED);
+    s->live_blocks = large_counted(LC_LIVE_BLOCKS);
+    s->live_bytes = large_counted(LC_LIVE_BYTES);
     hak_spin_lock(&large_spares.lock);
     s->cached_blocks = large_spares.n;
     s->cached_bytes = large_spares.bytes;

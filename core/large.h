@@ -56,6 +56,14 @@ uint64_t large_age_next(void);
 void large_fork_prepare(void);
 void large_fork_release(void);
 
+/* This thread's exit hook is armed: its changes to the counters may wait
+ * (up to LARGE_BATCH of them). */
+void large_thread_start(void);
+/* Its exit hook runs: publish them, and from now on at once. */
+void large_thread_exit(void);
+
+/* The counters: this thread's changes all, another thread's but its latest
+ * few (large.c, large_count). */
 struct large_stats {
     uint64_t allocs, frees, cache_hits, remaps_inplace, remaps_moved;
     uint64_t live_blocks, live_bytes, cached_blocks, cached_bytes;

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1018,6 +1019,77 @@ static void test_double_free_of_a_spare_is_caught(void **state) {
     if (exact != 1 || hak != 1) fail_msg("expected \"%s\"; stderr was:\n%s", line, d.err);
 }
 
+/* Mappings of sampled small blocks, spares too, are at most 16384
+ * (LARGE_SAMPLED_MAX); the count goes down as they leave, so a program that
+ * frees its samples can take as many again. */
+#define SAMPLED_MAX 16384
+static void sampled_mappings_bounded(void *arg) {
+    (void)arg;
+    prof_start((uint64_t)1 << 60, "/dev/null");
+    static void *p[SAMPLED_MAX];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < SAMPLED_MAX; i++) {
+            p[i] = large_alloc_sampled(100, 16, false);
+            CHILD_CHECK(p[i] != NULL);
+        }
+        CHILD_CHECK(large_alloc_sampled(100, 16, false) == NULL); /* the bound */
+        free(p[0]); /* a spare now: the next sample of its size takes it */
+        p[0] = large_alloc_sampled(100, 16, false);
+        CHILD_CHECK(p[0] != NULL);
+        CHILD_CHECK(large_alloc_sampled(100, 16, false) == NULL);
+        /* A Large block sampled is not one of them. */
+        void *big = large_alloc_sampled(2 * MiB, 16, false);
+        CHILD_CHECK(big != NULL);
+        free(big);
+        for (int i = 0; i < SAMPLED_MAX; i++) /* to the spares, then the BigCache */
+            free(p[i]);
+        if (round == 0) {
+            /* Reallocated, a sample leaves too. */
+            void *q = large_alloc_sampled(100, 16, false);
+            CHILD_CHECK(q != NULL);
+            q = realloc(q, 200);
+            CHILD_CHECK(q != NULL);
+            free(q);
+        }
+        malloc_trim(0); /* the spares go: round 1 maps them all again */
+    }
+}
+
+static void test_sampled_small_mappings_bounded_and_counted_out(void **state) {
+    (void)state;
+    expect_clean_exit(sampled_mappings_bounded, NULL);
+}
+
+/* ---- counters: each thread publishes its own -------------------------------------- */
+
+static void *large_churn(void *arg) {
+    free(malloc(16)); /* (arms the thread's exit hook: its counts may wait) */
+    int n = *(int *)arg;
+    for (int i = 0; i < n; i++)
+        free(malloc(2 * MiB));
+    return NULL;
+}
+
+/* Fewer changes than a thread keeps to itself: its exit publishes them. */
+static void test_thread_counts_published_at_exit(void **state) {
+    (void)state;
+    struct large_stats s0, s;
+    large_get_stats(&s0);
+    int n = 5;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, large_churn, &n), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    large_get_stats(&s);
+    assert_int_equal(s.allocs, s0.allocs + 5);
+    assert_int_equal(s.frees, s0.frees + 5);
+    assert_int_equal(s.live_blocks, s0.live_blocks);
+    /* This thread's own changes are all there when it reads them. */
+    large_churn(&n);
+    large_get_stats(&s);
+    assert_int_equal(s.allocs, s0.allocs + 10);
+    assert_int_equal(s.live_bytes, s0.live_bytes);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -1055,6 +1127,8 @@ int main(void) {
         cmocka_unit_test_setup(test_sampled_small_mapping_comes_back_without_syscalls, reset),
         cmocka_unit_test_setup(test_sampled_spares_bounded_counted_and_trimmed, reset),
         cmocka_unit_test_setup(test_double_free_of_a_spare_is_caught, reset),
+        cmocka_unit_test_setup(test_sampled_small_mappings_bounded_and_counted_out, reset),
+        cmocka_unit_test_setup(test_thread_counts_published_at_exit, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,6 +47,7 @@ static void life_thread_exit(void *unused) {
     l25_thread_flush();
     tc_thread_close();
     chk_thread_exit();
+    large_thread_exit();
     usage_thread_exit(); /* after the flushes above, which count */
 }
 
@@ -122,7 +123,10 @@ bool life_thread_arm(void) {
     life_arming = true;
     life_armed = pthread_setspecific(life_key, &life_armed) == 0; /* any non-NULL value */
     life_arming = false;
-    if (life_armed) usage_thread_start(); /* the hook publishes what is pending */
+    if (life_armed) { /* the hook publishes what is pending */
+        usage_thread_start();
+        large_thread_start();
+    }
     return life_armed;
 }
 
