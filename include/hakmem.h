@@ -44,7 +44,10 @@ int hak_stats_json(char *buf, size_t len);
  * as estimates, in the heap-profile format pprof reads (`google-pprof
  * --text PROGRAM FILE`) to `path`, or with path NULL to HAKMEM_PROF_FILE
  * ("%p" in either: the process id). 0, or -1 with errno set (EINVAL: the
- * profiler is off). */
+ * profiler is off; ENAMETOOLONG: the path, expanded, is 4096 bytes or more;
+ * EDEADLK: the profiler's records stayed locked for a second, as when the
+ * caller interrupted a sample, in a signal handler). A cancellation point,
+ * at its end only: a cancel never cuts a dump short. */
 int hak_prof_dump(const char *path);
 
 #ifdef __cplusplus

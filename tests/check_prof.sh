@@ -11,6 +11,7 @@
 #  - sampling every allocation (HAKMEM_PROF_SAMPLE=1) runs real programs
 #    (a shell, python3, a threaded test) to the end: the unwinder's own
 #    allocations are not sampled, nothing deadlocks;
+#  - a preloaded write() that allocates does not deadlock a dump;
 #  - with HAKMEM_PROF unset no profile is written and hak_prof_dump says
 #    EINVAL.
 set -euo pipefail
@@ -208,6 +209,44 @@ for order in "$tmp/libctor.so $lib" "$lib $tmp/libctor.so"; do
   timeout -k 5 20 env LD_PRELOAD="$order" HAKMEM_PROF=1 HAKMEM_PROF_FILE=/dev/null ./plain || rc=$?
   [ $rc -eq 0 ] || fail "a library's constructor waiting for its thread, LD_PRELOAD='$order': exit $rc (124: hung)"
 done
+# A preloaded wrapper of write() that allocates (a tracing shim): the dump
+# writes its file with no lock held, so the wrapper's allocations, sampled,
+# do not wait for a lock the dump holds (it deadlocked on itself).
+cat >wrapwrite.c <<'C'
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+ssize_t write(int fd, const void *buf, size_t n) {
+    char *copy = malloc(n + 1);
+    if (copy != NULL) memcpy(copy, buf, n < 64 ? n : 64);
+    free(copy);
+    return syscall(SYS_write, fd, buf, n);
+}
+C
+cat >dumpfew.c <<'C'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    int (*dump)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "hak_prof_dump");
+    static void *v[5000]; /* (well under the bound on sampled small blocks) */
+    for (int i = 0; i < 5000; i++)
+        v[i] = malloc(100);
+    int rc = argc > 1 && dump != NULL ? dump(argv[1]) : -1;
+    for (int i = 0; i < 5000; i++)
+        free(v[i]);
+    return rc != 0;
+}
+C
+cc -O1 -fno-builtin -shared -fPIC wrapwrite.c -o libwrapwrite.so  # (-fno-builtin: its malloc stays)
+cc -O1 dumpfew.c -o dumpfew -ldl
+rc=0
+timeout -k 5 60 env LD_PRELOAD="$lib $tmp/libwrapwrite.so" HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 \
+  HAKMEM_PROF_FILE=/dev/null ./dumpfew "$tmp/wrapped.heap" >/dev/null || rc=$?
+[ $rc -eq 0 ] || fail "hak_prof_dump with a preloaded write() that allocates: exit $rc (124: hung)"
+[ -s wrapped.heap ] || fail "no profile written through the wrapped write()"
 export HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 HAKMEM_PROF_FILE="$tmp/all.%p.heap"
 LD_PRELOAD=$lib sh -c 'for i in 1 2 3; do echo $i; done | sort -r >/dev/null' || fail "sh failed sampling all"
 LD_PRELOAD=$lib python3 -c 'import json; json.dumps([{"a": str(i)} for i in range(20000)])' \

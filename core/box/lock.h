@@ -68,6 +68,13 @@ static inline void hak_spin_lock(hak_spin *l) {
         hak_spin_wait(l);
 }
 
+/* Take it if it is free; true when taken (or inside the fork window). */
+static inline bool hak_spin_trylock(hak_spin *l) {
+    if (hak_unlikely(hak_in_fork)) return true;
+    return !atomic_load_explicit(&l->held, memory_order_relaxed) &&
+           !atomic_exchange_explicit(&l->held, true, memory_order_acquire);
+}
+
 static inline void hak_spin_unlock(hak_spin *l) {
     if (hak_likely(!hak_in_fork)) atomic_store_explicit(&l->held, false, memory_order_release);
 }

@@ -45,6 +45,7 @@ static _Atomic uint64_t prof_n_lost; /* prof_lost */
 static hak_spin prof_lock = HAK_SPIN_INIT; /* the records */
 static struct prof_rec **prof_table;       /* PROF_BUCKETS chains */
 static struct prof_rec *prof_spare;
+static size_t prof_live; /* records in the table */
 
 static __thread struct {
     uint64_t rng;
@@ -236,8 +237,10 @@ void prof_record(const void *p, size_t n, size_t size) {
         struct prof_rec **b = prof_bucket(p);
         r->next = *b;
         *b = r;
+        prof_live++;
     }
     hak_spin_unlock(&prof_lock);
+    if (r == NULL) prof_lost();
     prof_busy = false;
 }
 
@@ -253,6 +256,7 @@ void prof_forget(const void *p) {
         *at = r->next;
         r->next = prof_spare;
         prof_spare = r;
+        prof_live--;
         break;
     }
     hak_spin_unlock(&prof_lock);
@@ -297,63 +301,125 @@ static void prof_put_maps(struct diag_buf *b, int fd, bool *ok) {
     close(in);
 }
 
-/* path with each %p replaced by the process id (and %% by %). */
+/* path with each %p replaced by the process id (and %% by %), into out
+ * (len bytes); false when it does not fit. */
 static bool prof_expand(const char *path, char *out, size_t len) {
-    struct diag_buf b = {.n = 0};
+    struct diag_buf pid = {.n = 0};
+    diag_u64(&pid, (uint64_t)getpid());
+    size_t n = 0;
     for (const char *c = path; *c; c++) {
+        const char *piece = c;
+        size_t k = 1;
         if (c[0] == '%' && c[1] == 'p') {
-            diag_u64(&b, (uint64_t)getpid());
+            piece = pid.s;
+            k = pid.n;
             c++;
-        } else {
-            char one[2] = {c[0], '\0'};
-            diag_str(&b, one);
-            if (c[0] == '%' && c[1] == '%') c++;
+        } else if (c[0] == '%' && c[1] == '%') {
+            c++;
         }
+        if (k >= len - n) return false; /* (room for the '\0' kept) */
+        memcpy(out + n, piece, k);
+        n += k;
     }
-    if (b.n >= len || b.n >= sizeof b.s) return false;
-    memcpy(out, b.s, b.n);
-    out[b.n] = '\0';
+    out[n] = '\0';
     return true;
 }
 
-int prof_dump(const char *path) {
-    if (!prof_on) {
-        errno = EINVAL;
-        return -1;
+/* Take the records' lock for a dump, waiting a second at most: at exit (or
+ * in a signal handler) it may be held by code this thread interrupted,
+ * which never gives it back. */
+static bool prof_lock_dump(void) {
+    for (int i = 0; i < 20000; i++) {
+        if (hak_spin_trylock(&prof_lock)) return true;
+        struct timespec nap = {0, 50000}; /* 50 us (raw: no cancellation point) */
+        syscall(SYS_nanosleep, &nap, NULL);
     }
+    return false;
+}
+
+/* The mapped size of a snapshot of cap records. */
+static size_t prof_snap_size(size_t cap) {
+    return hak_align_up(cap * sizeof(struct prof_rec), HAK_PAGE_SIZE);
+}
+
+/* The live records with a stack, copied into a mapping of their own (*snap,
+ * *cap records of room; os_unmap it), so that the dump writes its file with
+ * no lock held: a write is a cancellation point, and a preloaded wrapper of
+ * it may allocate (and sample, which takes the lock). How many; -1 with
+ * errno. The mapping is made with no lock held too. */
+static ssize_t prof_snapshot(struct prof_rec **snap, size_t *cap) {
+    *snap = NULL;
+    *cap = 0;
+    for (;;) {
+        if (!prof_lock_dump()) {
+            if (*snap != NULL) os_unmap(*snap, prof_snap_size(*cap));
+            errno = EDEADLK;
+            return -1;
+        }
+        if (prof_live <= *cap) break;
+        size_t want = prof_live + prof_live / 8 + 16; /* (records may come meanwhile) */
+        hak_spin_unlock(&prof_lock);
+        if (*snap != NULL) os_unmap(*snap, prof_snap_size(*cap));
+        *snap = os_map_aligned(prof_snap_size(want), HAK_PAGE_SIZE);
+        if (*snap == NULL) {
+            errno = ENOMEM;
+            return -1;
+        }
+        *cap = want;
+    }
+    size_t n = 0;
+    for (uint32_t i = 0; i < PROF_BUCKETS; i++)
+        for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
+            if (r->depth == 0) continue; /* no stack: nothing pprof could show */
+            struct prof_rec *c = &(*snap)[n++];
+            c->n = r->n;
+            c->scale = r->scale;
+            c->depth = r->depth;
+            memcpy(c->pc, r->pc, r->depth * sizeof r->pc[0]);
+        }
+    hak_spin_unlock(&prof_lock);
+    return (ssize_t)n;
+}
+
+static int prof_dump_to(const char *path) {
     char name[sizeof prof_file];
     if (!prof_expand(path != NULL ? path : prof_file, name, sizeof name)) {
         errno = ENAMETOOLONG;
         return -1;
     }
+    struct prof_rec *snap;
+    size_t cap;
+    ssize_t nrec = prof_snapshot(&snap, &cap);
+    if (nrec < 0) return -1;
     int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return -1;
+    if (fd < 0) {
+        int saved = errno;
+        if (snap != NULL) os_unmap(snap, prof_snap_size(cap));
+        errno = saved;
+        return -1;
+    }
     struct diag_buf b = {.n = 0};
     bool ok = true;
-    hak_spin_lock(&prof_lock);
     uint64_t total_n = 0, total_bytes = 0;
-    for (uint32_t i = 0; i < PROF_BUCKETS; i++)
-        for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
-            if (r->depth == 0) continue; /* no stack: nothing pprof could show */
-            total_n += (uint64_t)(r->scale + 0.5);
-            total_bytes += (uint64_t)((double)r->n * r->scale + 0.5);
-        }
+    for (ssize_t i = 0; i < nrec; i++) {
+        total_n += (uint64_t)(snap[i].scale + 0.5);
+        total_bytes += (uint64_t)((double)snap[i].n * snap[i].scale + 0.5);
+    }
     diag_str(&b, "heap profile: ");
     prof_put_counts(&b, fd, &ok, total_n, total_bytes);
     diag_str(&b, " heapprofile\n");
-    for (uint32_t i = 0; i < PROF_BUCKETS; i++)
-        for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
-            if (r->depth == 0) continue;
-            prof_put_counts(&b, fd, &ok, (uint64_t)(r->scale + 0.5),
-                            (uint64_t)((double)r->n * r->scale + 0.5));
-            for (uint32_t f = 0; f < r->depth; f++) {
-                prof_room(&b, fd, &ok);
-                diag_str(&b, " ");
-                diag_hex(&b, (uintptr_t)r->pc[f]);
-            }
-            diag_str(&b, "\n"); /* (the last piece left room for it) */
+    for (ssize_t i = 0; i < nrec; i++) {
+        const struct prof_rec *r = &snap[i];
+        prof_put_counts(&b, fd, &ok, (uint64_t)(r->scale + 0.5),
+                        (uint64_t)((double)r->n * r->scale + 0.5));
+        for (uint32_t f = 0; f < r->depth; f++) {
+            prof_room(&b, fd, &ok);
+            diag_str(&b, " ");
+            diag_hex(&b, (uintptr_t)r->pc[f]);
         }
-    hak_spin_unlock(&prof_lock);
+        diag_str(&b, "\n"); /* (the last piece left room for it) */
+    }
+    if (snap != NULL) os_unmap(snap, prof_snap_size(cap));
     prof_put_maps(&b, fd, &ok);
     int saved = errno;
     if (close(fd) != 0) ok = false;
@@ -362,6 +428,32 @@ int prof_dump(const char *path) {
         return -1;
     }
     return 0;
+}
+
+/* The dump, not cancelled halfway (a file cut short, its snapshot's
+ * mapping lost): a cancel that comes meanwhile waits. */
+static int prof_dump_whole(const char *path) {
+    if (!prof_on) {
+        errno = EINVAL;
+        return -1;
+    }
+    int state;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &state);
+    int rc = prof_dump_to(path);
+    int saved = errno;
+    pthread_setcancelstate(state, NULL);
+    errno = saved;
+    return rc;
+}
+
+int prof_dump(const char *path) {
+    int rc = prof_dump_whole(path);
+    /* A cancellation point still (its writes were), now at its end: a
+     * thread that dumps in a loop can be cancelled. */
+    int saved = errno;
+    pthread_testcancel();
+    errno = saved;
+    return rc;
 }
 
 void prof_exit(void) {
@@ -376,12 +468,14 @@ void prof_exit(void) {
                      "HAKMEM_PROF_SAMPLE takes fewer\n");
         diag_flush(&b, 2);
     }
-    if (prof_dump(NULL) == 0) return;
+    if (prof_dump_whole(NULL) == 0) return;
+    int err = errno;
     struct diag_buf b = {.n = 0};
     diag_str(&b, "hakmem: could not write the heap profile to '");
-    diag_str(&b, prof_file);
+    diag_flush(&b, 2);
+    diag_write(2, prof_file, strlen(prof_file)); /* (a path may not fit in b) */
     diag_str(&b, "' (errno ");
-    diag_u64(&b, (uint64_t)errno);
+    diag_u64(&b, (uint64_t)err);
     diag_str(&b, ")\n");
     diag_flush(&b, 2);
 }

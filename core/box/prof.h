@@ -52,7 +52,9 @@ void prof_forget(const void *p);
 void prof_lost(void);
 
 /* Write the profile to `path` (NULL: the HAKMEM_PROF_FILE of prof_start);
- * 0, or -1 with errno (EINVAL: sampling is off). */
+ * 0, or -1 with errno (EINVAL: sampling is off; ENAMETOOLONG; EDEADLK: the
+ * records stayed locked for a second). Writes with no lock held; not
+ * cancelled halfway, a cancellation point at its end (hakmem.h). */
 int prof_dump(const char *path);
 /* At exit: the dump to the configured file; a line on stderr if it fails. */
 void prof_exit(void);

@@ -467,6 +467,8 @@ static bool uw_stays(uintptr_t ra) {
     return false;
 }
 
+static bool uw_stack_known(void); /* (the walk: below) */
+
 bool unwind_start(void) {
     if (uw_table != NULL) return true;
     uw_table = os_map_aligned(UW_SLOTS * sizeof *uw_table, HAK_PAGE_SIZE);
@@ -474,6 +476,10 @@ bool unwind_start(void) {
     struct uw_note note = {.loader = (uintptr_t)getauxval(AT_BASE), .n = 0};
     dl_iterate_phdr(uw_note_stay, &note);
     atomic_store_explicit(&uw_nstay, note.n, memory_order_release);
+    /* This thread's stack now: for the main thread glibc reads
+     * /proc/self/maps with stdio, several KiB of stack, which its first
+     * sample may not have (a coroutine's small stack). */
+    uw_stack_known();
     return true;
 }
 

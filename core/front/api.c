@@ -46,8 +46,9 @@ static __attribute__((cold, noinline)) void *front_large_sampled(size_t n, size_
         prof_record(p, n, n);
         return p;
     }
-    prof_lost(); /* (a small n: too many sampled small blocks live) */
-    return large_alloc(n, align, zero);
+    p = large_alloc(n, align, zero);
+    if (p != NULL) prof_lost(); /* (too many sampled small blocks live; not a failure) */
+    return p;
 }
 
 /* A Large block of n bytes; with the profiler on, maybe a sampled one. */

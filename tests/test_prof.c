@@ -1,0 +1,203 @@
+/* The heap profiler's dump (core/box/prof.c) where it could hang, fail or
+ * count wrong: a lock held for good (exit from a signal handler that
+ * interrupted a sample), a dumping thread cancelled, paths longer than the
+ * diagnostics buffer, and allocations that fail. Each check runs in a child
+ * that turns the profiler on. (tests/check_prof.sh runs it as a user does.) */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "box/prof.h"
+#include "death.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHILD_CHECK(c)                                                                             \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c);                        \
+            _exit(1);                                                                              \
+        }                                                                                          \
+    } while (0)
+
+/* A Large block: sampled by the byte countdown, which prof_start arms (the
+ * class countdowns of this process started with the profiler off). At a
+ * 4 KiB mean gap, surely sampled. */
+#define BIG (((size_t)1 << 20) + 1)
+
+static char dir[64];
+
+static int make_dir(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/test_prof.XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    return 0;
+}
+
+static int remove_dir(void **state) {
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    return 0;
+}
+
+static off_t file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* ---- a lock held for good ----------------------------------------------------------
+ * The fork handler takes the records' lock, as code the dumping thread
+ * interrupted would hold it: the dump gives up after about a second. */
+
+static void dump_beside_a_held_lock(void *arg) {
+    (void)arg;
+    prof_start(4096, "/dev/null");
+    void *p = malloc(BIG); /* (sampled, surely: some record to write) */
+    char path[128];
+    snprintf(path, sizeof path, "%s/held.heap", dir);
+    prof_fork_prepare();
+    int64_t t0 = now_ms();
+    errno = 0;
+    CHILD_CHECK(prof_dump(path) == -1);
+    CHILD_CHECK(errno == EDEADLK);
+    int64_t waited = now_ms() - t0;
+    CHILD_CHECK(waited >= 900 && waited < 5000);
+    prof_exit(); /* the same wait, then a line */
+    prof_fork_release();
+    CHILD_CHECK(prof_dump(path) == 0);
+    CHILD_CHECK(file_size(path) > 0);
+    free(p);
+}
+
+static void test_dump_gives_up_on_a_lock_held_for_good(void **state) {
+    (void)state;
+    struct death d;
+    run_child(dump_beside_a_held_lock, NULL, &d);
+    assert_false(d.timedout);
+    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
+        fail_msg("status 0x%x; stderr: %s", d.status, d.err);
+    char line[128];
+    snprintf(line, sizeof line,
+             "hakmem: could not write the heap profile to '/dev/null' (errno %d)", EDEADLK);
+    int exact, hak;
+    count_lines(&d, line, &exact, &hak);
+    if (exact != 1 || hak != 1) fail_msg("expected \"%s\"; stderr was:\n%s", line, d.err);
+}
+
+/* ---- a dumping thread cancelled -------------------------------------------------------
+ * A dump is a cancellation point, at its end: a thread dumping in a loop is
+ * cancelled, and leaves no lock held behind it. */
+
+static void *dump_forever(void *arg) {
+    for (;;)
+        prof_dump(arg);
+    return NULL;
+}
+
+static void cancelled_dumper(void *arg) {
+    (void)arg;
+    prof_start(4096, "/dev/null");
+    enum { N = 300 };
+    static void *keep[N];
+    for (int i = 0; i < N; i++)
+        keep[i] = malloc(BIG);
+    char path[128];
+    snprintf(path, sizeof path, "%s/cancel.heap", dir);
+    for (int round = 0; round < 10; round++) {
+        pthread_t t;
+        CHILD_CHECK(pthread_create(&t, NULL, dump_forever, path) == 0);
+        struct timespec wait = {0, (5 + round * 3) * 1000 * 1000};
+        nanosleep(&wait, NULL);
+        CHILD_CHECK(pthread_cancel(t) == 0);
+        void *ret;
+        CHILD_CHECK(pthread_join(t, &ret) == 0);
+        CHILD_CHECK(ret == PTHREAD_CANCELED);
+        for (int i = 0; i < N; i++) { /* frees and samples take the lock */
+            free(keep[i]);
+            keep[i] = malloc(BIG);
+        }
+    }
+    CHILD_CHECK(prof_dump(path) == 0);
+    for (int i = 0; i < N; i++)
+        free(keep[i]);
+}
+
+static void test_cancelled_dump_leaves_no_lock_held(void **state) {
+    (void)state;
+    expect_clean_exit(cancelled_dumper, NULL);
+}
+
+/* ---- paths ---------------------------------------------------------------------------
+ * Up to the 4095 bytes HAKMEM_PROF_FILE keeps, %p and %% expanded. */
+
+static void long_path(void *arg) {
+    (void)arg;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s", dir);
+    for (int level = 0; level < 3; level++) { /* 3 x 201 bytes: past 512 */
+        path[n++] = '/';
+        memset(path + n, 'd', 200);
+        n += 200;
+        path[n] = '\0';
+        CHILD_CHECK(mkdir(path, 0700) == 0);
+    }
+    snprintf(path + n, sizeof path - (size_t)n, "/x%%%%.%%p.heap");
+    prof_start(4096, path);
+    void *p = malloc(BIG);
+    CHILD_CHECK(prof_dump(NULL) == 0);
+    snprintf(path + n, sizeof path - (size_t)n, "/x%%.%d.heap", (int)getpid());
+    CHILD_CHECK(file_size(path) > 0);
+    /* Too long once expanded: refused, nothing written. */
+    memset(path, 'e', 4094);
+    path[4094] = '\0';
+    path[4093] = 'p';
+    path[4092] = '%';
+    errno = 0;
+    CHILD_CHECK(prof_dump(path) == -1 && errno == ENAMETOOLONG);
+    free(p);
+}
+
+static void test_long_paths_written(void **state) {
+    (void)state;
+    expect_clean_exit(long_path, NULL);
+}
+
+/* ---- allocations that fail -----------------------------------------------------------
+ * A sampled allocation that fails for want of memory was not a sample lost:
+ * the exit says nothing about lost samples. */
+
+static void failed_sampled(void *arg) {
+    (void)arg;
+    prof_start(1, "/dev/null"); /* every allocation sampled */
+    errno = 0;
+    CHILD_CHECK(malloc((size_t)1 << 50) == NULL && errno == ENOMEM);
+    void *p = &p;
+    CHILD_CHECK(posix_memalign(&p, 4096, (size_t)1 << 50) == ENOMEM);
+    prof_exit();
+}
+
+static void test_failed_allocation_is_no_lost_sample(void **state) {
+    (void)state;
+    expect_clean_exit(failed_sampled, NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dump_gives_up_on_a_lock_held_for_good),
+        cmocka_unit_test(test_cancelled_dump_leaves_no_lock_held),
+        cmocka_unit_test(test_long_paths_written),
+        cmocka_unit_test(test_failed_allocation_is_no_lost_sample),
+    };
+    return cmocka_run_group_tests(tests, make_dir, remove_dir);
+}
