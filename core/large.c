@@ -157,12 +157,13 @@ static struct large_cache large_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* The tier's counters. A thread adds its changes to its own copy and
  * publishes them (an atomic add per counter changed) every LARGE_BATCH
- * changes, before it reads them, and at its exit: an atomic on a line every
- * thread writes cost ~5 ns, and a sampled small block (a Large block per
- * sample) made seven. Until then another thread's reading misses up to
- * LARGE_BATCH of a thread's latest changes (as usage.h's counter). Signed:
- * a thread's published frees of blocks another thread allocated may come
- * before that thread's publishing of them. */
+ * changes, once its live bytes not published pass USAGE_SLACK either way
+ * (a big block shows at once, in mallinfo2 too), before it reads them, and
+ * at its exit: an atomic on a line every thread writes cost ~5 ns, and a
+ * sampled small block (a Large block per sample) made seven. Until then
+ * another thread's reading misses a running thread's latest few small
+ * blocks. Signed: a thread's published frees of blocks another thread
+ * allocated may come before that thread's publishing of them. */
 enum { LC_ALLOCS, LC_FREES, LC_HITS, LC_INPLACE, LC_MOVED, LC_LIVE_BLOCKS, LC_LIVE_BYTES, LC_N };
 #define LARGE_BATCH 64
 static _Atomic int64_t large_count[LC_N];
@@ -206,7 +207,9 @@ static uint64_t large_counted(int c) {
 /* The live blocks' mappings grew by d bytes (shrank, when negative): they
  * are what the tier has in use (box/usage.h). */
 static inline void large_live_add(int64_t d) {
-    large_add(LC_LIVE_BYTES, d);
+    int64_t pending = large_tls.d[LC_LIVE_BYTES] += d;
+    if (++large_tls.changes >= large_tls.batch || pending > USAGE_SLACK || pending < -USAGE_SLACK)
+        large_publish();
     usage_add(d);
 }
 

@@ -1070,6 +1070,45 @@ static void *large_churn(void *arg) {
     return NULL;
 }
 
+/* A big block another thread holds shows at once (mallinfo2 reads these):
+ * a thread keeps to itself only a few small blocks' bytes. */
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static int hold_state; /* 1: allocated; 2: may free */
+
+static void *hold_big(void *arg) {
+    (void)arg;
+    free(malloc(16)); /* (arms the thread's exit hook: its counts may wait) */
+    void *p = malloc(512 * MiB);
+    pthread_mutex_lock(&hold_mu);
+    hold_state = 1;
+    pthread_cond_broadcast(&hold_cv);
+    while (hold_state != 2)
+        pthread_cond_wait(&hold_cv, &hold_mu);
+    pthread_mutex_unlock(&hold_mu);
+    free(p);
+    return NULL;
+}
+
+static void test_big_block_of_another_thread_counted_at_once(void **state) {
+    (void)state;
+    struct large_stats s0, s;
+    large_get_stats(&s0);
+    hold_state = 0;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, hold_big, NULL), 0);
+    pthread_mutex_lock(&hold_mu);
+    while (hold_state != 1)
+        pthread_cond_wait(&hold_cv, &hold_mu);
+    large_get_stats(&s);
+    assert_true(s.live_bytes >= s0.live_bytes + 512 * MiB);
+    assert_int_equal(s.live_blocks, s0.live_blocks + 1);
+    hold_state = 2;
+    pthread_cond_broadcast(&hold_cv);
+    pthread_mutex_unlock(&hold_mu);
+    assert_int_equal(pthread_join(t, NULL), 0);
+}
+
 /* Fewer changes than a thread keeps to itself: its exit publishes them. */
 static void test_thread_counts_published_at_exit(void **state) {
     (void)state;
@@ -1129,6 +1168,7 @@ int main(void) {
         cmocka_unit_test_setup(test_double_free_of_a_spare_is_caught, reset),
         cmocka_unit_test_setup(test_sampled_small_mappings_bounded_and_counted_out, reset),
         cmocka_unit_test_setup(test_thread_counts_published_at_exit, reset),
+        cmocka_unit_test_setup(test_big_block_of_another_thread_counted_at_once, reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,7 +45,6 @@ static _Atomic uint64_t prof_n_lost; /* prof_lost */
 static hak_spin prof_lock = HAK_SPIN_INIT; /* the records */
 static struct prof_rec **prof_table;       /* PROF_BUCKETS chains */
 static struct prof_rec *prof_spare;
-static size_t prof_live; /* records in the table */
 
 static __thread struct {
     uint64_t rng;
@@ -237,7 +236,6 @@ void prof_record(const void *p, size_t n, size_t size) {
         struct prof_rec **b = prof_bucket(p);
         r->next = *b;
         *b = r;
-        prof_live++;
     }
     hak_spin_unlock(&prof_lock);
     if (r == NULL) prof_lost();
@@ -256,7 +254,6 @@ void prof_forget(const void *p) {
         *at = r->next;
         r->next = prof_spare;
         prof_spare = r;
-        prof_live--;
         break;
     }
     hak_spin_unlock(&prof_lock);
@@ -329,56 +326,71 @@ static bool prof_expand(const char *path, char *out, size_t len) {
  * in a signal handler) it may be held by code this thread interrupted,
  * which never gives it back. */
 static bool prof_lock_dump(void) {
-    for (int i = 0; i < 20000; i++) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
         if (hak_spin_trylock(&prof_lock)) return true;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000000000 + (t.tv_nsec - t0.tv_nsec) >= 1000000000) {
+            errno = EDEADLK;
+            return false;
+        }
         struct timespec nap = {0, 50000}; /* 50 us (raw: no cancellation point) */
         syscall(SYS_nanosleep, &nap, NULL);
     }
-    return false;
 }
 
-/* The mapped size of a snapshot of cap records. */
-static size_t prof_snap_size(size_t cap) {
-    return hak_align_up(cap * sizeof(struct prof_rec), HAK_PAGE_SIZE);
-}
+/* A record as the dump writes it. */
+struct prof_line {
+    uint64_t n;
+    double scale;
+    uint32_t depth;
+    void *pc[PROF_DEPTH];
+};
+#define PROF_BATCH 8 /* lines copied at a time: on the stack, ~4 KiB */
 
-/* The live records with a stack, copied into a mapping of their own (*snap,
- * *cap records of room; os_unmap it), so that the dump writes its file with
- * no lock held: a write is a cancellation point, and a preloaded wrapper of
- * it may allocate (and sample, which takes the lock). How many; -1 with
- * errno. The mapping is made with no lock held too. */
-static ssize_t prof_snapshot(struct prof_rec **snap, size_t *cap) {
-    *snap = NULL;
-    *cap = 0;
-    for (;;) {
-        if (!prof_lock_dump()) {
-            if (*snap != NULL) os_unmap(*snap, prof_snap_size(*cap));
-            errno = EDEADLK;
-            return -1;
+/* The dump copies the records a few at a time, under the lock, into its
+ * own frame, and writes them with no lock held: a write is a cancellation
+ * point, and a preloaded wrapper of it may allocate (and sample, which
+ * takes the lock). No memory to ask for: a dump near a memory limit still
+ * works. The cursor: bucket *b, past the first *skip records of its chain.
+ * The lines copied (0 at the end); -1 with errno when the lock stayed held. */
+static int prof_copy_lines(uint32_t *b, uint32_t *skip, struct prof_line *out) {
+    if (!prof_lock_dump()) return -1;
+    int n = 0;
+    for (; *b < PROF_BUCKETS; ++*b, *skip = 0) {
+        const struct prof_rec *r = prof_table[*b];
+        for (uint32_t k = 0; r != NULL && k < *skip; k++)
+            r = r->next;
+        for (; r != NULL; r = r->next, ++*skip) {
+            if (n == PROF_BATCH) goto full;
+            if (r->depth == 0) continue; /* no stack: nothing pprof could show */
+            out[n].n = r->n;
+            out[n].scale = r->scale;
+            out[n].depth = r->depth;
+            memcpy(out[n].pc, r->pc, r->depth * sizeof r->pc[0]);
+            n++;
         }
-        if (prof_live <= *cap) break;
-        size_t want = prof_live + prof_live / 8 + 16; /* (records may come meanwhile) */
-        hak_spin_unlock(&prof_lock);
-        if (*snap != NULL) os_unmap(*snap, prof_snap_size(*cap));
-        *snap = os_map_aligned(prof_snap_size(want), HAK_PAGE_SIZE);
-        if (*snap == NULL) {
-            errno = ENOMEM;
-            return -1;
-        }
-        *cap = want;
     }
-    size_t n = 0;
+full:
+    hak_spin_unlock(&prof_lock);
+    return n;
+}
+
+/* The header's totals (a pass of their own: lines may come and go before
+ * they are written, as the program runs on). false when the lock stayed
+ * held. */
+static bool prof_totals(uint64_t *count, uint64_t *bytes) {
+    if (!prof_lock_dump()) return false;
+    *count = *bytes = 0;
     for (uint32_t i = 0; i < PROF_BUCKETS; i++)
         for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
-            if (r->depth == 0) continue; /* no stack: nothing pprof could show */
-            struct prof_rec *c = &(*snap)[n++];
-            c->n = r->n;
-            c->scale = r->scale;
-            c->depth = r->depth;
-            memcpy(c->pc, r->pc, r->depth * sizeof r->pc[0]);
+            if (r->depth == 0) continue;
+            *count += (uint64_t)(r->scale + 0.5);
+            *bytes += (uint64_t)((double)r->n * r->scale + 0.5);
         }
     hak_spin_unlock(&prof_lock);
-    return (ssize_t)n;
+    return true;
 }
 
 static int prof_dump_to(const char *path) {
@@ -387,44 +399,40 @@ static int prof_dump_to(const char *path) {
         errno = ENAMETOOLONG;
         return -1;
     }
-    struct prof_rec *snap;
-    size_t cap;
-    ssize_t nrec = prof_snapshot(&snap, &cap);
-    if (nrec < 0) return -1;
+    uint64_t total_n, total_bytes;
+    if (!prof_totals(&total_n, &total_bytes)) return -1;
     int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int saved = errno;
-        if (snap != NULL) os_unmap(snap, prof_snap_size(cap));
-        errno = saved;
-        return -1;
-    }
+    if (fd < 0) return -1;
     struct diag_buf b = {.n = 0};
     bool ok = true;
-    uint64_t total_n = 0, total_bytes = 0;
-    for (ssize_t i = 0; i < nrec; i++) {
-        total_n += (uint64_t)(snap[i].scale + 0.5);
-        total_bytes += (uint64_t)((double)snap[i].n * snap[i].scale + 0.5);
-    }
     diag_str(&b, "heap profile: ");
     prof_put_counts(&b, fd, &ok, total_n, total_bytes);
     diag_str(&b, " heapprofile\n");
-    for (ssize_t i = 0; i < nrec; i++) {
-        const struct prof_rec *r = &snap[i];
-        prof_put_counts(&b, fd, &ok, (uint64_t)(r->scale + 0.5),
-                        (uint64_t)((double)r->n * r->scale + 0.5));
-        for (uint32_t f = 0; f < r->depth; f++) {
-            prof_room(&b, fd, &ok);
-            diag_str(&b, " ");
-            diag_hex(&b, (uintptr_t)r->pc[f]);
+    struct prof_line line[PROF_BATCH];
+    uint32_t bucket = 0, skip = 0;
+    int got;
+    while ((got = prof_copy_lines(&bucket, &skip, line)) > 0)
+        for (int i = 0; i < got; i++) {
+            const struct prof_line *r = &line[i];
+            prof_put_counts(&b, fd, &ok, (uint64_t)(r->scale + 0.5),
+                            (uint64_t)((double)r->n * r->scale + 0.5));
+            for (uint32_t f = 0; f < r->depth; f++) {
+                prof_room(&b, fd, &ok);
+                diag_str(&b, " ");
+                diag_hex(&b, (uintptr_t)r->pc[f]);
+            }
+            diag_str(&b, "\n"); /* (the last piece left room for it) */
         }
-        diag_str(&b, "\n"); /* (the last piece left room for it) */
-    }
-    if (snap != NULL) os_unmap(snap, prof_snap_size(cap));
+    int err = got < 0 ? errno : 0; /* (EDEADLK: the lock stayed held) */
+    if (got < 0) ok = false;
     prof_put_maps(&b, fd, &ok);
-    int saved = errno;
-    if (close(fd) != 0) ok = false;
+    if (!ok && err == 0) err = errno != 0 ? errno : EIO;
+    if (close(fd) != 0 && ok) {
+        ok = false;
+        err = errno;
+    }
     if (!ok) {
-        errno = saved != 0 ? saved : EIO;
+        errno = err;
         return -1;
     }
     return 0;

@@ -6,7 +6,8 @@
  * through a call site, walking its frame is a table lookup and two loads,
  * where libgcc searches for the function and runs its CFA program again;
  * and a walk that starts where the thread's last one did and finds the same
- * return addresses on the stack is that walk again, a compare per frame.
+ * words on the stack where that one read them (return addresses, saved
+ * %rbp it used) is that walk again, a compare per frame.
  *
  * Rules it does not read (DWARF expressions, signal frames, a CFA kept in a
  * register other than %rsp or %rbp, other architectures), code outside any

@@ -47,7 +47,8 @@ static __attribute__((cold, noinline)) void *front_large_sampled(size_t n, size_
         return p;
     }
     p = large_alloc(n, align, zero);
-    if (p != NULL) prof_lost(); /* (too many sampled small blocks live; not a failure) */
+    if (p != NULL)
+        prof_lost(); /* (a small n at a big alignment: too many sampled small blocks live) */
     return p;
 }
 
