@@ -186,7 +186,9 @@ static void large_publish(void) {
 
 static inline void large_add(int c, int64_t d) {
     large_tls.d[c] += d;
-    if (++large_tls.changes >= large_tls.batch) large_publish();
+    int64_t live = large_tls.d[LC_LIVE_BYTES];
+    if (++large_tls.changes >= large_tls.batch || live > USAGE_SLACK || live < -USAGE_SLACK)
+        large_publish();
 }
 
 void large_thread_start(void) {
@@ -207,9 +209,7 @@ static uint64_t large_counted(int c) {
 /* The live blocks' mappings grew by d bytes (shrank, when negative): they
  * are what the tier has in use (box/usage.h). */
 static inline void large_live_add(int64_t d) {
-    int64_t pending = large_tls.d[LC_LIVE_BYTES] += d;
-    if (++large_tls.changes >= large_tls.batch || pending > USAGE_SLACK || pending < -USAGE_SLACK)
-        large_publish();
+    large_add(LC_LIVE_BYTES, d);
     usage_add(d);
 }
 

@@ -19,6 +19,16 @@
 
 #define DEATH_TIMEOUT_MS 10000
 
+/* In a child (run_child, expect_clean_exit): a failed check says where and
+ * ends the child with status 1 (cmocka's asserts are the parent's). */
+#define CHILD_CHECK(c)                                                                             \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c);                        \
+            _exit(1);                                                                              \
+        }                                                                                          \
+    } while (0)
+
 struct death {
     int status;    /* waitpid status */
     bool timedout; /* child killed by us */

@@ -892,14 +892,6 @@ static void test_refused_guard_calls(void **state) {
  * Each check runs in a child that turns the profiler on (at a rate at which
  * nothing is sampled by itself) and asks for sampled blocks directly. */
 
-#define CHILD_CHECK(c)                                                                             \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c);                        \
-            _exit(1);                                                                              \
-        }                                                                                          \
-    } while (0)
-
 static void spares_reused(void *arg) {
     (void)arg;
     prof_start((uint64_t)1 << 60, "/dev/null");

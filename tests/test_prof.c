@@ -22,20 +22,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CHILD_CHECK(c)                                                                             \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c);                        \
-            _exit(1);                                                                              \
-        }                                                                                          \
-    } while (0)
-
 /* A Large block: sampled by the byte countdown, which prof_start arms (the
  * class countdowns of this process started with the profiler off). At a
  * 4 KiB mean gap, surely sampled. */
 #define BIG (((size_t)1 << 20) + 1)
 
 static char dir[64];
+
+/* Sampled blocks held while a dump runs: records to write. */
+#define HELD 300
+static void *held[HELD];
+
+static void hold_samples(void) {
+    for (int i = 0; i < HELD; i++)
+        held[i] = malloc(BIG);
+}
+
+static void drop_samples(void) {
+    for (int i = 0; i < HELD; i++)
+        free(held[i]);
+}
 
 static int make_dir(void **state) {
     (void)state;
@@ -109,10 +115,7 @@ static void *dump_forever(void *arg) {
 static void cancelled_dumper(void *arg) {
     (void)arg;
     prof_start(4096, "/dev/null");
-    enum { N = 300 };
-    static void *keep[N];
-    for (int i = 0; i < N; i++)
-        keep[i] = malloc(BIG);
+    hold_samples();
     char path[128];
     snprintf(path, sizeof path, "%s/cancel.heap", dir);
     for (int round = 0; round < 10; round++) {
@@ -124,14 +127,11 @@ static void cancelled_dumper(void *arg) {
         void *ret;
         CHILD_CHECK(pthread_join(t, &ret) == 0);
         CHILD_CHECK(ret == PTHREAD_CANCELED);
-        for (int i = 0; i < N; i++) { /* frees and samples take the lock */
-            free(keep[i]);
-            keep[i] = malloc(BIG);
-        }
+        drop_samples(); /* frees and samples take the lock */
+        hold_samples();
     }
     CHILD_CHECK(prof_dump(path) == 0);
-    for (int i = 0; i < N; i++)
-        free(keep[i]);
+    drop_samples();
 }
 
 static void test_cancelled_dump_leaves_no_lock_held(void **state) {
@@ -146,10 +146,7 @@ static void test_cancelled_dump_leaves_no_lock_held(void **state) {
 static void dump_at_the_limit(void *arg) {
     (void)arg;
     prof_start(4096, "/dev/null");
-    enum { N = 300 };
-    static void *keep[N];
-    for (int i = 0; i < N; i++)
-        keep[i] = malloc(BIG);
+    hold_samples();
     char path[128];
     snprintf(path, sizeof path, "%s/limit.heap", dir);
     FILE *f = fopen("/proc/self/statm", "r");
@@ -160,8 +157,7 @@ static void dump_at_the_limit(void *arg) {
     CHILD_CHECK(setrlimit(RLIMIT_AS, &lim) == 0);
     CHILD_CHECK(prof_dump(path) == 0);
     CHILD_CHECK(file_size(path) > 0);
-    for (int i = 0; i < N; i++)
-        free(keep[i]);
+    drop_samples();
 }
 
 static void test_dump_at_the_address_space_limit(void **state) {
