@@ -32,18 +32,36 @@ struct large_hdr {
     bool thp;        /* the mapping asked for huge pages */
     bool growing;    /* from large_alloc_growing: counted in large_growing_live */
     bool guarded;    /* the mapping's last page is a guard (LARGE_GUARD) */
-    bool sampled;    /* the heap profiler has a record of it (prof_record) */
+    uint8_t sample;  /* enum large_sample */
     size_t req;      /* the size last asked for */
-    void *user;      /* the pointer handed out */
     size_t map_size; /* bytes mapped from the header on */
-    size_t offset;   /* user - header */
+    size_t offset;   /* from the header to the block (the pointer handed out) */
     size_t ready;    /* bytes from the header on whose pages are (taken as) resident */
     uint64_t map;    /* the kernel mapping it is (part of): see large_entry */
+    /* The heap profiler's view (large_follow): the chance that the block is
+     * sampled is that of the bytes its countdown passed over for it. */
+    union {
+        size_t drawn;         /* unsampled: those bytes */
+        struct prof_rec *rec; /* sampled: its record, which counts them (NULL:
+                               * there was no memory for one) */
+    } prof;
+};
+/* What the heap profiler knows of a block. */
+enum large_sample {
+    LS_NONE,
+    LS_LARGE, /* it has a record of it (prof_record) */
+    LS_SMALL, /* and it is a small block it moved here: its mapping counts in
+               * large_sampled_small */
 };
 /* The 8 bytes below the block hold a canary (large_canary): a write before
  * the block (an underflow) reaches it before any field of the header, and
  * the fields a report needs come first, farthest from the block. */
 _Static_assert(sizeof(struct large_hdr) <= LARGE_HDR_SIZE - 8, "the header and the canary fit");
+
+/* The block of mapping h: the pointer handed out. */
+HAK_INLINE void *large_user(const struct large_hdr *h) {
+    return (uint8_t *)h + h->offset;
+}
 
 HAK_INLINE uint64_t *large_canary(const void *user) {
     return (uint64_t *)user - 1;
@@ -603,21 +621,21 @@ static void *large_open(struct large_hdr *h, size_t off, size_t size, bool growi
                         size_t clean) {
     h->magic = LARGE_LIVE;
     h->offset = off;
-    h->user = (uint8_t *)h + off;
-    *large_canary(h->user) = large_canary_value();
+    *large_canary(large_user(h)) = large_canary_value();
     h->req = size;
     h->growing = growing;
-    h->sampled = false;
+    h->sample = LS_NONE;
+    h->prof.drawn = size;
     /* A growing block's pages come in by large_populate as it grows, unless
      * a cached mapping had them already (`clean` may count the part a split
      * left in the cache); any other block's as touched. */
     size_t room = large_room(h);
     h->ready = growing && clean < room ? clean : room;
-    if (zero && clean > off) memset(h->user, 0, clean - off < size ? clean - off : size);
+    if (zero && clean > off) memset(large_user(h), 0, clean - off < size ? clean - off : size);
     large_add(LC_ALLOCS, 1);
     large_add(LC_LIVE_BLOCKS, 1);
     large_live_add((int64_t)h->map_size);
-    return h->user;
+    return large_user(h);
 }
 
 /* The mappings of sampled small blocks, live or spare, at most
@@ -796,12 +814,23 @@ void *large_alloc(size_t size, size_t align, bool zero) {
  * it was a small block (moved here by the profiler): its mapping is still
  * counted in large_sampled_small. */
 static bool large_unsample(struct large_hdr *h) {
-    prof_forget(h->user);
-    h->sampled = false;
-    return h->req <= HAK_SMALL_MAX;
+    prof_forget(h->prof.rec);
+    bool small = h->sample == LS_SMALL;
+    h->sample = LS_NONE;
+    return small;
 }
 
-void *large_alloc_sampled(size_t size, size_t align, bool zero) {
+/* h, unsampled, n bytes, is sampled now (with the chance of its drawn
+ * bytes), unless the profiler has no memory for its record (the sample
+ * lost, and counted). */
+static void large_take_sample(struct large_hdr *h, size_t n) {
+    struct prof_rec *r = prof_record(large_user(h), n, h->prof.drawn);
+    if (r == NULL) return;
+    h->sample = LS_LARGE; /* (no mapping made for it: not counted) */
+    h->prof.rec = r;
+}
+
+void *large_alloc_sampled(size_t size, size_t align, bool zero, size_t n) {
     bool small = size <= HAK_SMALL_MAX;
     size_t off = large_offset(align);
     void *p = NULL;
@@ -825,8 +854,49 @@ void *large_alloc_sampled(size_t size, size_t align, bool zero) {
             return NULL;
         }
     }
-    ((struct large_hdr *)((uint8_t *)p - off))->sampled = true;
+    struct large_hdr *h = (struct large_hdr *)((uint8_t *)p - off);
+    struct prof_rec *r = prof_record(p, n, size);
+    if (small || r != NULL) { /* (a small one's mapping is counted, recorded or not) */
+        h->sample = small ? LS_SMALL : LS_LARGE;
+        h->prof.rec = r;
+    }
     return p;
+}
+
+/* large_follow's rare parts (each returns the block). A sampled block's
+ * record follows it. */
+static __attribute__((cold, noinline)) void *large_sample_follows(struct large_hdr *h, size_t n) {
+    void *p = large_user(h);
+    prof_resize(h->prof.rec, p, n);
+    return p;
+}
+
+/* ... The byte countdown passed 0 as h grew by `more` bytes to n. */
+static __attribute__((cold, noinline)) void *large_countdown_passed(struct large_hdr *h, size_t n,
+                                                                    size_t more) {
+    if (prof_bytes_passed(more)) large_take_sample(h, n);
+    return large_user(h);
+}
+
+/* Block h, n bytes now after a realloc (the same block, resized in place or
+ * its pages moved; or a new one, drawn 0): the profiler's view of it
+ * follows; the block. Its chance to have been sampled is that of the bytes
+ * drawn for it. A sampled block keeps its record, at its new address and
+ * size. An unsampled one that grows past those bytes has the countdown
+ * pass over the new ones. The process being one over bytes, either way the
+ * chance is then that of all its bytes allocated at once, and each byte was
+ * drawn once: a buffer grown a little at a time is sampled as often as its
+ * bytes say (drawn whole at every step, as a new allocation, it would be
+ * sampled at nearly every step once past HAKMEM_PROF_SAMPLE). Only tail
+ * calls: a realloc in place saves no registers for it. */
+HAK_INLINE void *large_follow(struct large_hdr *h, size_t n) {
+    if (hak_unlikely(h->sample != LS_NONE)) return large_sample_follows(h, n);
+    size_t more = n > h->prof.drawn ? n - h->prof.drawn : 0;
+    h->prof.drawn += more;
+    /* prof_bytes_due, its call a tail call (a sample due while this thread
+     * records one is not taken: prof_busy). */
+    if (hak_likely((prof_bytes_left -= (int64_t)more) >= 0) || prof_busy) return large_user(h);
+    return large_countdown_passed(h, n, more);
 }
 
 void *large_alloc_growing(size_t size) {
@@ -843,6 +913,10 @@ void *large_alloc_growing(size_t size) {
     if (p == NULL) {
         atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
         errno = saved;
+    } else if (hak_unlikely(prof_on)) { /* a new block to the profiler: all of it drawn */
+        struct large_hdr *h = (struct large_hdr *)((uint8_t *)p - LARGE_HDR_SIZE);
+        h->prof.drawn = 0;
+        large_follow(h, size);
     }
     return p;
 }
@@ -850,7 +924,7 @@ void *large_alloc_growing(size_t size) {
 /* p, whose header is h, is no live block: say what it is and abort. */
 __attribute__((noreturn, noinline, cold)) static void
 large_reject(const void *p, const struct large_hdr *h, const char *fn) {
-    if (h->magic == LARGE_LIVE && h->user == p) { /* live, its canary overwritten */
+    if (h->magic == LARGE_LIVE && large_user(h) == p) { /* live, its canary overwritten */
         uint64_t was = large_canary_value() ^ *large_canary(p);
         diag_bug(&(struct diag_bug){.fn = fn,
                                     .kind = DIAG_HEAP_UNDERFLOW,
@@ -859,7 +933,7 @@ large_reject(const void *p, const struct large_hdr *h, const char *fn) {
                                     .block = h->req,
                                     .at = -(8 - (ptrdiff_t)__builtin_ctzll(was) / 8)});
     }
-    if (h->magic == LARGE_FREE && h->user == p)
+    if (h->magic == LARGE_FREE && large_user(h) == p)
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_LARGE, h->req);
     diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_LARGE, 0);
 }
@@ -871,7 +945,7 @@ HAK_INLINE struct large_hdr *large_mapping_of(const void *p, uint32_t entry) {
 }
 
 HAK_INLINE bool large_hdr_live(const struct large_hdr *h, const void *p) {
-    return h->magic == LARGE_LIVE && h->user == p && *large_canary(p) == large_canary_value();
+    return h->magic == LARGE_LIVE && large_user(h) == p && *large_canary(p) == large_canary_value();
 }
 
 /* The live header for p, or abort naming p. Inlined: realloc of a growing
@@ -891,7 +965,7 @@ bool large_is_live(const void *p, uint32_t entry, size_t *req) {
 void large_free(void *p, uint32_t entry, const char *fn) {
     struct large_hdr *h = large_header(p, entry, fn);
     /* A sampled small block's mapping: kept for the next (a spare). */
-    bool spare = hak_unlikely(h->sampled) && large_unsample(h);
+    bool spare = hak_unlikely(h->sample != LS_NONE) && large_unsample(h);
     h->magic = LARGE_FREE;
     if (h->growing) atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
     large_add(LC_FREES, 1);
@@ -930,7 +1004,6 @@ static struct large_hdr *large_move(struct large_hdr *h, size_t need, size_t n) 
     }
     large_set_map_size(dst, need, false, false); /* the pages it had came along */
     dst->req = n;
-    dst->user = (uint8_t *)dst + off;
     dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
     large_add(LC_MOVED, 1);
     large_live_add((int64_t)need - (int64_t)old);
@@ -1010,7 +1083,7 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
          * all its room.) */
         if (pages > h->ready) large_populate(h, n, pages);
         h->req = n;
-        return h->user;
+        return large_user(h);
     }
     /* (h->req changes only with success: it is the usable size the caller
      * copies by when this fails.) */
@@ -1018,7 +1091,7 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
     if (pages > room && !h->guarded && large_grow_into_cached(h, pages)) {
         if (pages > h->ready) large_populate(h, n, pages); /* a growing block grown */
         h->req = n;
-        return h->user; /* the rest of its own mapping, split off earlier and cached */
+        return large_user(h); /* the rest of its own mapping, split off earlier and cached */
     }
     /* The mapping's end moves: its guard page goes first (mremap refuses a
      * range that mprotect split), and comes at the new end. */
@@ -1034,28 +1107,58 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
     if (to == NULL) return NULL;
     large_guard(to);
     if (pages > to->ready) large_populate(to, n, pages); /* a growing block grown */
-    return to->user;
+    return large_user(to);
 }
 
-void *large_realloc(void *p, uint32_t entry, size_t n) {
-    struct large_hdr *h = large_header(p, entry, "realloc");
-    if (hak_unlikely(h->sampled)) { /* its record would keep the old size (or address) */
-        if (large_unsample(h)) large_sampled_out(1); /* (an ordinary block from now) */
-        /* A small block the profiler moved here: its realloc goes where any
-         * block of its new size would (the caller's move; it may be sampled
-         * again), not on as a Large block growing a page at a time. */
-        if (h->req <= HAK_SMALL_MAX && n <= HAK_SMALL_MAX) return NULL;
-    }
-    size_t off = h->offset;
-    if (n > HAK_MAX_REQUEST - off - 2 * HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */
-    size_t pages = hak_align_up(off + n, HAK_PAGE_SIZE);
+/* large_realloc of h to n bytes (`pages` from its header). */
+HAK_INLINE void *large_realloc_to(struct large_hdr *h, size_t n, size_t pages) {
     /* The common case of a growing buffer: it fits in the pages it has; no
      * call, no lock. */
     if (hak_likely(pages <= h->ready && n >= h->req)) {
         h->req = n;
-        return p;
+        return large_user(h);
     }
     return large_resize(h, n, pages);
+}
+
+/* large_realloc_to with the heap profiler on: the block's sample, or its
+ * chance of one, follows it (large_follow). */
+static __attribute__((noinline)) void *large_realloc_profiled_slow(struct large_hdr *h, size_t n,
+                                                                   size_t pages) {
+    if (hak_unlikely(h->sample == LS_SMALL) && n > prof_drawn(h->prof.rec)) {
+        /* A small block the profiler moved here, grown out of its class:
+         * a new allocation to the profiler, as it would be moving to
+         * another class. A small one goes where any block of its size
+         * would (the caller's move: sampled or not, there), not on as a
+         * Large block growing a page at a time; a Large one is drawn anew. */
+        large_unsample(h);
+        large_sampled_out(1);
+        h->prof.drawn = 0;
+        if (n <= HAK_SMALL_MAX) return NULL;
+    }
+    size_t off = h->offset;
+    void *q = large_realloc_to(h, n, pages);
+    /* (Its header came along if its pages moved.) */
+    return q != NULL ? large_follow((struct large_hdr *)((uint8_t *)q - off), n) : NULL;
+}
+
+/* The same, its common case inlined: a buffer growing within its pages. */
+static __attribute__((noinline)) void *large_realloc_profiled(struct large_hdr *h, size_t n,
+                                                              size_t pages) {
+    if (hak_likely(h->sample != LS_SMALL && pages <= h->ready && n >= h->req)) {
+        h->req = n;
+        return large_follow(h, n);
+    }
+    return large_realloc_profiled_slow(h, n, pages);
+}
+
+void *large_realloc(void *p, uint32_t entry, size_t n) {
+    struct large_hdr *h = large_header(p, entry, "realloc");
+    size_t off = h->offset;
+    if (n > HAK_MAX_REQUEST - off - 2 * HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */
+    size_t pages = hak_align_up(off + n, HAK_PAGE_SIZE);
+    if (hak_unlikely(prof_on)) return large_realloc_profiled(h, n, pages);
+    return large_realloc_to(h, n, pages);
 }
 
 uint64_t large_age_next(void) {

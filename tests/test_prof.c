@@ -1,7 +1,8 @@
 /* The heap profiler's dump (core/box/prof.c) where it could hang, fail or
  * count wrong: a lock held for good (exit from a signal handler that
  * interrupted a sample), a dumping thread cancelled, paths longer than the
- * diagnostics buffer, and allocations that fail. Each check runs in a child
+ * diagnostics buffer, allocations that fail, and blocks realloc resizes
+ * (their samples must follow them). Each check runs in a child
  * that turns the profiler on. (tests/check_prof.sh runs it as a user does.) */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +11,7 @@
 #include <cmocka.h>
 
 #include "box/prof.h"
+#include "large.h"
 #include "death.h"
 
 #include <errno.h>
@@ -219,6 +221,86 @@ static void test_failed_allocation_is_no_lost_sample(void **state) {
     expect_clean_exit(failed_sampled, NULL);
 }
 
+/* ---- realloc ---------------------------------------------------------------------------
+ * Every allocation sampled (a mean gap of a byte: each sample counts as
+ * itself). A block that realloc keeps, or grows in place, or whose pages it
+ * moves, keeps its sample at its new size; one that realloc makes (a
+ * buffer's room to grow) is sampled. Each showed 0 bytes before. */
+
+#define KiB ((unsigned long)1 << 10)
+#define MiB ((unsigned long)1 << 20)
+
+/* The dump's totals must be n samples of `bytes`. */
+static void expect_totals(const char *path, unsigned long n, unsigned long bytes, int line) {
+    CHILD_CHECK(prof_dump(path) == 0);
+    FILE *f = fopen(path, "r");
+    CHILD_CHECK(f != NULL);
+    unsigned long got_n, got_bytes;
+    CHILD_CHECK(fscanf(f, "heap profile: %lu: %lu", &got_n, &got_bytes) == 2);
+    fclose(f);
+    if (got_n != n || got_bytes != bytes) {
+        fprintf(stderr, "line %d: %lu samples of %lu bytes, expected %lu of %lu\n", line, got_n,
+                got_bytes, n, bytes);
+        _exit(1);
+    }
+}
+#define EXPECT_TOTALS(n, bytes) expect_totals(path, n, bytes, __LINE__)
+
+static void resized_samples(void *arg) {
+    (void)arg;
+    prof_start(1, "/dev/null");
+    char path[128];
+    snprintf(path, sizeof path, "%s/realloc.heap", dir);
+    /* (Small blocks are not sampled here: the class countdowns of this
+     * process started with the profiler off.) */
+    char *buf = malloc(100);
+    CHILD_CHECK(buf != NULL);
+    EXPECT_TOTALS(0, 0);
+    buf = realloc(buf, 5000); /* a Large block with room to grow */
+    CHILD_CHECK(buf != NULL);
+    EXPECT_TOTALS(1, 5000);
+    buf = realloc(buf, 3 * MiB); /* past its room */
+    CHILD_CHECK(buf != NULL);
+    EXPECT_TOTALS(1, 3 * MiB);
+    char *big = malloc(2 * MiB);
+    CHILD_CHECK(big != NULL);
+    EXPECT_TOTALS(2, 5 * MiB);
+    char *shrunk = realloc(big, 1536 * KiB); /* in place */
+    CHILD_CHECK(shrunk == big);
+    EXPECT_TOTALS(2, 4608 * KiB);
+    /* A small block the profiler moved to the Large tier keeps its sample
+     * within its class's size (as its class would keep it in place)... */
+    char *small = large_alloc_sampled(400, 16, false, 400);
+    CHILD_CHECK(small != NULL);
+    CHILD_CHECK(realloc(small, 390) == small);
+    EXPECT_TOTALS(3, 4608 * KiB + 390);
+    /* ...past it, it is a new block, where its size goes (a class: not
+     * sampled here), and its sample goes. */
+    small = realloc(small, 5000);
+    CHILD_CHECK(small != NULL);
+    EXPECT_TOTALS(2, 4608 * KiB);
+    free(small);
+    free(shrunk);
+    free(buf);
+    EXPECT_TOTALS(0, 0);
+    /* Buffers sampled as they grow have mappings of their own already: they
+     * are not counted among the sampled small blocks (at most 16384), and
+     * their frees do not count them out. */
+    for (int i = 0; i < 20000; i++) {
+        char *b = realloc(malloc(100), 5000);
+        CHILD_CHECK(b != NULL);
+        free(b);
+    }
+    char *after = large_alloc_sampled(100, 16, false, 100);
+    CHILD_CHECK(after != NULL);
+    free(after);
+}
+
+static void test_realloc_keeps_and_takes_samples(void **state) {
+    (void)state;
+    expect_clean_exit(resized_samples, NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dump_gives_up_on_a_lock_held_for_good),
@@ -226,6 +308,7 @@ int main(void) {
         cmocka_unit_test(test_dump_at_the_address_space_limit),
         cmocka_unit_test(test_long_paths_written),
         cmocka_unit_test(test_failed_allocation_is_no_lost_sample),
+        cmocka_unit_test(test_realloc_keeps_and_takes_samples),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

@@ -25,8 +25,12 @@
 struct prof_rec {
     struct prof_rec *next; /* in its bucket, or on the spare list */
     const void *p;
-    uint64_t n;   /* bytes asked */
-    double scale; /* 1 / the probability it was sampled with */
+    /* The block's own calls change these with no lock held (prof_resize):
+     * the dump reads them as they are. */
+    _Atomic uint64_t n;    /* bytes asked */
+    _Atomic uint64_t size; /* sampled with the probability of so many bytes
+                            * (the dump scales by its inverse: no exp per
+                            * sample or resize) */
     uint32_t depth;
     void *pc[PROF_DEPTH]; /* return addresses, the caller of malloc first */
 };
@@ -48,9 +52,9 @@ static struct prof_rec *prof_spare;
 
 static __thread struct {
     uint64_t rng;
-    int64_t left; /* bytes to the next sample outside the class countdowns */
-    bool armed;
+    bool armed; /* prof_bytes_left was set */
 } prof_t;
+HAK_HIDDEN __thread int64_t prof_bytes_left;
 
 /* ---- numbers: no libm in an allocator --------------------------------------- */
 
@@ -135,13 +139,12 @@ int64_t prof_countdown(size_t size) {
     return n >= (double)PROF_CD_OFF ? PROF_CD_OFF : (int64_t)n;
 }
 
-bool prof_bytes_due(size_t n) {
-    if (hak_unlikely(!prof_t.armed)) {
-        prof_t.left = (int64_t)prof_gap();
+bool prof_bytes_passed(size_t n) {
+    if (hak_unlikely(!prof_t.armed)) { /* the thread's first: its countdown starts */
         prof_t.armed = true;
+        if ((prof_bytes_left = (int64_t)prof_gap() - (int64_t)n) >= 0) return false;
     }
-    if ((prof_t.left -= (int64_t)n) >= 0) return false;
-    prof_t.left = (int64_t)prof_gap();
+    prof_bytes_left = (int64_t)prof_gap();
     return true;
 }
 
@@ -214,7 +217,8 @@ static struct prof_rec *prof_new_rec(void) {
     return r;
 }
 
-void prof_record(const void *p, size_t n, size_t size) {
+struct prof_rec *prof_record(const void *p, size_t n, size_t size) {
+    if (!prof_on) return NULL;
     prof_busy = true;
     void *pc[PROF_SKIP_MAX + PROF_DEPTH];
     int got = unwind_stack(pc, PROF_SKIP_MAX + PROF_DEPTH);
@@ -224,13 +228,12 @@ void prof_record(const void *p, size_t n, size_t size) {
            (uintptr_t)pc[skip] < prof_hi)
         skip++;
     int depth = got - skip > PROF_DEPTH ? PROF_DEPTH : got - skip; /* (skip <= got) */
-    double scale = 1 / prof_probability(size);
     hak_spin_lock(&prof_lock);
     struct prof_rec *r = prof_new_rec();
     if (r != NULL) { /* (no memory for it: the sample is lost) */
         r->p = p;
-        r->n = n;
-        r->scale = scale;
+        atomic_store_explicit(&r->n, n, memory_order_relaxed);
+        atomic_store_explicit(&r->size, size, memory_order_relaxed);
         r->depth = (uint32_t)depth;
         memcpy(r->pc, pc + skip, r->depth * sizeof *pc);
         struct prof_rec **b = prof_bucket(p);
@@ -240,23 +243,47 @@ void prof_record(const void *p, size_t n, size_t size) {
     hak_spin_unlock(&prof_lock);
     if (r == NULL) prof_lost();
     prof_busy = false;
+    return r;
 }
 
 void prof_lost(void) {
     atomic_fetch_add_explicit(&prof_n_lost, 1, memory_order_relaxed);
 }
 
-void prof_forget(const void *p) {
+/* Take r out of its chain (the lock held). */
+static void prof_unlink(struct prof_rec *r) {
+    struct prof_rec **at = prof_bucket(r->p);
+    while (*at != r)
+        at = &(*at)->next;
+    *at = r->next;
+}
+
+void prof_forget(struct prof_rec *r) {
+    if (r == NULL) return;
     hak_spin_lock(&prof_lock);
-    for (struct prof_rec **at = prof_bucket(p); *at != NULL; at = &(*at)->next) {
-        if ((*at)->p != p) continue;
-        struct prof_rec *r = *at;
-        *at = r->next;
-        r->next = prof_spare;
-        prof_spare = r;
-        break;
-    }
+    prof_unlink(r);
+    r->next = prof_spare;
+    prof_spare = r;
     hak_spin_unlock(&prof_lock);
+}
+
+void prof_resize(struct prof_rec *r, const void *to, size_t n) {
+    if (r == NULL) return;
+    atomic_store_explicit(&r->n, n, memory_order_relaxed);
+    if (n > atomic_load_explicit(&r->size, memory_order_relaxed))
+        atomic_store_explicit(&r->size, n, memory_order_relaxed);
+    if (r->p == to) return; /* (only the block's own calls change r->p) */
+    hak_spin_lock(&prof_lock);
+    prof_unlink(r);
+    r->p = to;
+    struct prof_rec **b = prof_bucket(to);
+    r->next = *b;
+    *b = r;
+    hak_spin_unlock(&prof_lock);
+}
+
+size_t prof_drawn(const struct prof_rec *r) {
+    return r != NULL ? atomic_load_explicit(&r->size, memory_order_relaxed) : 0;
 }
 
 /* ---- the dump ----------------------------------------------------------------
@@ -342,8 +369,7 @@ static bool prof_lock_dump(void) {
 
 /* A record as the dump writes it. */
 struct prof_line {
-    uint64_t n;
-    double scale;
+    uint64_t n, size;
     uint32_t depth;
     void *pc[PROF_DEPTH];
 };
@@ -365,8 +391,8 @@ static int prof_copy_lines(uint32_t *b, uint32_t *skip, struct prof_line *out) {
         for (; r != NULL; r = r->next, ++*skip) {
             if (n == PROF_BATCH) goto full;
             if (r->depth == 0) continue; /* no stack: nothing pprof could show */
-            out[n].n = r->n;
-            out[n].scale = r->scale;
+            out[n].n = atomic_load_explicit(&r->n, memory_order_relaxed);
+            out[n].size = atomic_load_explicit(&r->size, memory_order_relaxed);
             out[n].depth = r->depth;
             memcpy(out[n].pc, r->pc, r->depth * sizeof r->pc[0]);
             n++;
@@ -386,8 +412,11 @@ static bool prof_totals(uint64_t *count, uint64_t *bytes) {
     for (uint32_t i = 0; i < PROF_BUCKETS; i++)
         for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
             if (r->depth == 0) continue;
-            *count += (uint64_t)(r->scale + 0.5);
-            *bytes += (uint64_t)((double)r->n * r->scale + 0.5);
+            double scale =
+                1 / prof_probability(atomic_load_explicit(&r->size, memory_order_relaxed));
+            *count += (uint64_t)(scale + 0.5);
+            *bytes +=
+                (uint64_t)((double)atomic_load_explicit(&r->n, memory_order_relaxed) * scale + 0.5);
         }
     hak_spin_unlock(&prof_lock);
     return true;
@@ -414,8 +443,9 @@ static int prof_dump_to(const char *path) {
     while ((got = prof_copy_lines(&bucket, &skip, line)) > 0)
         for (int i = 0; i < got; i++) {
             const struct prof_line *r = &line[i];
-            prof_put_counts(&b, fd, &ok, (uint64_t)(r->scale + 0.5),
-                            (uint64_t)((double)r->n * r->scale + 0.5));
+            double scale = 1 / prof_probability(r->size);
+            prof_put_counts(&b, fd, &ok, (uint64_t)(scale + 0.5),
+                            (uint64_t)((double)r->n * scale + 0.5));
             for (uint32_t f = 0; f < r->depth; f++) {
                 prof_room(&b, fd, &ok);
                 diag_str(&b, " ");

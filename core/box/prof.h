@@ -5,9 +5,12 @@
  * the bytes, as in jemalloc and tcmalloc): an allocation of n bytes is
  * sampled with probability 1 - exp(-n/S). The front asks this box when the
  * next sample is due (per size class, in allocations: the thread caches
- * count them down at no cost; and in bytes for the rest), moves a sampled
- * block where its free is seen (the Large tier, which calls prof_forget),
- * and records it here with its call stack. A dump writes the live samples,
+ * count them down at no cost; and in bytes for the rest) and moves a
+ * sampled block where its free is seen: the Large tier, which records it
+ * here with its call stack and tells of its frees and reallocs. A realloc
+ * that moves a block is a new allocation; one that keeps it (a class's
+ * block in its class, a Large block resized) draws only the bytes it grows
+ * by, and a sampled block keeps its record. A dump writes the live samples,
  * each scaled by 1/probability, in the heap-profile format pprof reads.
  *
  * This box knows no tier: it is handed addresses and sizes. */
@@ -37,16 +40,41 @@ void prof_decline(void);
  * one (>= 0); huge with sampling off, small until the settings are read (so
  * that a thread's countdowns started then come back soon). */
 int64_t prof_countdown(size_t size);
-/* An allocation of n bytes outside the class countdowns (a Large block):
- * true when it is to be sampled. Only with prof_on. */
-bool prof_bytes_due(size_t n);
+/* This thread's countdown of bytes outside the class countdowns: below 0,
+ * a sample is due (prof_bytes_passed). */
+extern HAK_HIDDEN __thread int64_t prof_bytes_left;
+/* The countdown passed 0 at an allocation of n bytes: true when it is to be
+ * sampled (false only at the thread's first), the countdown restarted. */
+bool prof_bytes_passed(size_t n);
+
+/* An allocation of n bytes outside the class countdowns (a Large block, a
+ * block realloc grows in place): true when it is to be sampled. Only with
+ * prof_on. */
+HAK_INLINE bool prof_bytes_due(size_t n) {
+    if (hak_likely((prof_bytes_left -= (int64_t)n) >= 0)) return false;
+    return prof_bytes_passed(n);
+}
+
+/* A sample's record: what the calls below take, from the one that made it. */
+struct prof_rec;
 
 /* p, n bytes asked, is a sampled block: one chosen with the probability of
  * `size` bytes (its class size, or n). Takes the stack of the calls that led
- * here. */
-void prof_record(const void *p, size_t n, size_t size);
-/* p, a sampled block, is freed (or its sample dropped). */
-void prof_forget(const void *p);
+ * here. Its record, or NULL: sampling is off, or there was no memory for one
+ * (the sample is lost, and counted). */
+struct prof_rec *prof_record(const void *p, size_t n, size_t size);
+/* The sampled block of record r (NULL: none) is freed, or its sample
+ * dropped. */
+void prof_forget(struct prof_rec *r);
+/* ... is at `to` now (where it was, or its pages moved) and n bytes, after
+ * a realloc that kept it the same block. Past the bytes its chance was
+ * that of, it has that of n: an unsampled block growing so far draws the
+ * difference (the Large tier's large_follow). Takes no lock where the block
+ * stays: only the block's own calls change its record, as they alone may
+ * use the block. */
+void prof_resize(struct prof_rec *r, const void *to, size_t n);
+/* The bytes whose chance r was sampled with; 0 for NULL. */
+size_t prof_drawn(const struct prof_rec *r);
 /* An allocation was chosen but not sampled: its tier had no room for a
  * sampled block. Counted, and said at exit: the profile undercounts. */
 void prof_lost(void);

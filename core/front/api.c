@@ -41,11 +41,8 @@ static uint32_t front_aligned_class(size_t align, size_t n) {
 /* A Large block that the heap profiler's byte countdown chose (prof.h). */
 static __attribute__((cold, noinline)) void *front_large_sampled(size_t n, size_t align,
                                                                  bool zero) {
-    void *p = large_alloc_sampled(n, align, zero);
-    if (p != NULL) {
-        prof_record(p, n, n);
-        return p;
-    }
+    void *p = large_alloc_sampled(n, align, zero, n);
+    if (p != NULL) return p;
     p = large_alloc(n, align, zero);
     if (p != NULL)
         prof_lost(); /* (a small n at a big alignment: too many sampled small blocks live) */
@@ -216,7 +213,9 @@ static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
         void *q = large_alloc_growing(n);
         if (q == NULL && n > POOL_MAX && n <= HAK_SMALL_MAX) {
             int saved = errno; /* a refusal here is no failure of realloc */
-            q = front_malloc(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX);
+            /* (For n bytes: a sample of it is one of n bytes.) */
+            q = front_alloc_class(
+                small_class_of(n + n / 2 < HAK_SMALL_MAX ? n + n / 2 : HAK_SMALL_MAX), n);
             if (q == NULL) errno = saved;
         }
         if (q) {
@@ -422,12 +421,9 @@ static void *front_sample(size_t n, uint32_t cls) {
     size_t size = small_class_size[cls];
     if (tc_rearm(cls, prof_countdown(size)) && prof_on && !prof_busy) {
         size_t align = size & -size; /* what the class's blocks are aligned to */
-        void *p =
-            large_alloc_sampled(size, align < 2 * HAK_PAGE_SIZE ? align : 2 * HAK_PAGE_SIZE, false);
-        if (p != NULL) {
-            prof_record(p, n, size);
-            return p;
-        }
+        void *p = large_alloc_sampled(size, align < 2 * HAK_PAGE_SIZE ? align : 2 * HAK_PAGE_SIZE,
+                                      false, n);
+        if (p != NULL) return p;
         prof_lost();
     }
     tc_serve_due(cls);
