@@ -15,6 +15,7 @@
 #include "box/prof.h"
 #include "box/rmap.h"
 #include "box/usage.h"
+#include "sizeclass.h"
 #include "sizes.h"
 
 #include <assert.h>
@@ -33,9 +34,9 @@ struct large_hdr {
     bool growing;    /* from large_alloc_growing: counted in large_growing_live */
     bool guarded;    /* the mapping's last page is a guard (LARGE_GUARD) */
     uint8_t sample;  /* enum large_sample */
+    size_t offset;   /* from the header to the block (the pointer handed out) */
     size_t req;      /* the size last asked for */
     size_t map_size; /* bytes mapped from the header on */
-    size_t offset;   /* from the header to the block (the pointer handed out) */
     size_t ready;    /* bytes from the header on whose pages are (taken as) resident */
     uint64_t map;    /* the kernel mapping it is (part of): see large_entry */
     /* The heap profiler's view (large_follow): the chance that the block is
@@ -50,7 +51,8 @@ struct large_hdr {
 enum large_sample {
     LS_NONE,
     LS_LARGE, /* it has a record of it (prof_record) */
-    LS_SMALL, /* and it is a small block it moved here: its mapping counts in
+    LS_SMALL, /* and it is a small class's block it moved here (its drawn
+               * bytes: the class size): its mapping counts in
                * large_sampled_small */
 };
 /* The 8 bytes below the block hold a canary (large_canary): a write before
@@ -830,8 +832,7 @@ static void large_take_sample(struct large_hdr *h, size_t n) {
     h->prof.rec = r;
 }
 
-void *large_alloc_sampled(size_t size, size_t align, bool zero, size_t n) {
-    bool small = size <= HAK_SMALL_MAX;
+void *large_alloc_sampled(size_t size, size_t align, bool zero, size_t n, bool small) {
     size_t off = large_offset(align);
     void *p = NULL;
     if (small && off <= HAK_REGION_SIZE) { /* (a spare is region-aligned) */
@@ -874,7 +875,10 @@ static __attribute__((cold, noinline)) void *large_sample_follows(struct large_h
 /* ... The byte countdown passed 0 as h grew by `more` bytes to n. */
 static __attribute__((cold, noinline)) void *large_countdown_passed(struct large_hdr *h, size_t n,
                                                                     size_t more) {
-    if (prof_bytes_passed(more)) large_take_sample(h, n);
+    if (prof_busy) /* (this thread records a sample: none now, none drawn) */
+        prof_bytes_left += (int64_t)more;
+    else if (prof_bytes_passed(more))
+        large_take_sample(h, n);
     return large_user(h);
 }
 
@@ -893,9 +897,8 @@ HAK_INLINE void *large_follow(struct large_hdr *h, size_t n) {
     if (hak_unlikely(h->sample != LS_NONE)) return large_sample_follows(h, n);
     size_t more = n > h->prof.drawn ? n - h->prof.drawn : 0;
     h->prof.drawn += more;
-    /* prof_bytes_due, its call a tail call (a sample due while this thread
-     * records one is not taken: prof_busy). */
-    if (hak_likely((prof_bytes_left -= (int64_t)more) >= 0) || prof_busy) return large_user(h);
+    /* (prof_bytes_due, its call a tail call.) */
+    if (hak_likely((prof_bytes_left -= (int64_t)more) >= 0)) return large_user(h);
     return large_countdown_passed(h, n, more);
 }
 
@@ -1125,12 +1128,15 @@ HAK_INLINE void *large_realloc_to(struct large_hdr *h, size_t n, size_t pages) {
  * chance of one, follows it (large_follow). */
 static __attribute__((noinline)) void *large_realloc_profiled_slow(struct large_hdr *h, size_t n,
                                                                    size_t pages) {
-    if (hak_unlikely(h->sample == LS_SMALL) && n > prof_drawn(h->prof.rec)) {
-        /* A small block the profiler moved here, grown out of its class:
-         * a new allocation to the profiler, as it would be moving to
-         * another class. A small one goes where any block of its size
-         * would (the caller's move: sampled or not, there), not on as a
-         * Large block growing a page at a time; a Large one is drawn anew. */
+    if (hak_unlikely(h->sample == LS_SMALL) &&
+        !small_class_keeps(small_class_of(prof_drawn(h->prof.rec)), n)) {
+        /* A small block the profiler moved here, which its class would not
+         * keep: a new allocation to the profiler, as a move to another
+         * class is. A small one goes where any block of its size would
+         * (the caller's move: sampled or not, there), not on as a Large
+         * block growing a page at a time; a Large one is drawn anew. (Kept
+         * on when its class would keep it: moved, a sample would get a
+         * second chance its class's blocks do not.) */
         large_unsample(h);
         large_sampled_out(1);
         h->prof.drawn = 0;

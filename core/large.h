@@ -19,13 +19,14 @@
 void *large_alloc(size_t size, size_t align, bool zero);
 /* large_alloc for a block the heap profiler samples: recorded with it as n
  * bytes asked, sampled with the chance of `size` (prof_record); its free
- * and its reallocs tell the profiler. Any block may be one: a small one
- * asks for its class size, aligned as its class's blocks are, and its
- * mapping, freed, waits apart from the BigCache for the next sampled small
- * block (a spare, until unused for the age; large_trim unmaps them).
- * NULL (errno untouched) for a small one when too many sampled small blocks
- * are live: each is a mapping, and the kernel limits their number. */
-void *large_alloc_sampled(size_t size, size_t align, bool zero, size_t n);
+ * and its reallocs tell the profiler. `small`: a small class's block the
+ * profiler moves here (size: the class's, align: its blocks'), which
+ * realloc keeps only where its class would, and whose mapping, freed, waits
+ * apart from the BigCache for the next such block (a spare, until unused
+ * for the age; large_trim unmaps them). NULL (errno untouched) for one of
+ * those when too many are live: each is a mapping, and the kernel limits
+ * their number. */
+void *large_alloc_sampled(size_t size, size_t align, bool zero, size_t n, bool small);
 /* For a block that realloc grows out of a smaller tier, likely to grow on
  * (a buffer, a string, a vector): a mapping with room to grow in place to
  * the end of its 2 MiB region, in small pages (only what is used becomes

@@ -8,6 +8,8 @@
 
 #include "sizes.h"
 
+#include <stdbool.h>
+
 #define SMALL_NCLASSES 61
 /* Classes 0 .. TINY_NCLASSES-1 (sizes up to 8 KiB) live in SuperSlabs: the
  * Tiny tier proper (0 .. 19, up to 1 KiB) and small-mid (20 .. 31). */
@@ -32,6 +34,13 @@ HAK_INLINE uint32_t small_class_of(size_t n) {
     size_t m = n - 1;
     unsigned lg = 63u - (unsigned)__builtin_clzl(m);
     return 8 + (lg - 7) * 4 + (uint32_t)((m >> (lg - 2)) & 3) + (n > 53248);
+}
+
+/* realloc keeps a block of class cls for n bytes where it is: not growing
+ * out of it, nor shrinking by four classes or more (about half: a copy is
+ * cheaper than the slack). */
+HAK_INLINE bool small_class_keeps(uint32_t cls, size_t n) {
+    return n <= small_class_size[cls] && small_class_of(n) + 4 > cls;
 }
 
 /* offset / size for offset < 2^21, exactly. */

@@ -896,7 +896,7 @@ static void spares_reused(void *arg) {
     (void)arg;
     prof_start((uint64_t)1 << 60, "/dev/null");
     /* 10000 bytes after the 64-byte header: three pages of room. */
-    uint8_t *p = large_alloc_sampled(10000, 16, false, 10000);
+    uint8_t *p = large_alloc_sampled(10000, 16, false, 10000, true);
     CHILD_CHECK(p != NULL);
     uint8_t *map = p - 64;
     memset(p, 0xab, 10000);
@@ -905,7 +905,7 @@ static void spares_reused(void *arg) {
     for (int i = 0; i < 100; i++) {
         bool zero = i % 2 == 1; /* (calloc: the spare's pages were written) */
         size_t n = 9000 + (size_t)i * 10;
-        uint8_t *q = large_alloc_sampled(n, 16, zero, n);
+        uint8_t *q = large_alloc_sampled(n, 16, zero, n, true);
         CHILD_CHECK(q == p);
         for (size_t k = 0; zero && k < n; k++)
             CHILD_CHECK(q[k] == 0);
@@ -915,13 +915,13 @@ static void spares_reused(void *arg) {
     CHILD_CHECK(os_total() == before); /* no call for any of them */
     /* A block at a bigger alignment gets its offset in the same mapping:
      * 8192 + 4096 bytes, its three pages. */
-    uint8_t *a = large_alloc_sampled(4096, 8192, false, 4096);
+    uint8_t *a = large_alloc_sampled(4096, 8192, false, 4096, true);
     CHILD_CHECK(a == map + 8192);
     memset(a, 1, 4096);
     free(a);
     /* A block of less than half a spare's room does not take it: one page
      * against three. */
-    uint8_t *small = large_alloc_sampled(100, 16, false, 100);
+    uint8_t *small = large_alloc_sampled(100, 16, false, 100, true);
     CHILD_CHECK(small != NULL && small - 64 != map);
     free(small);
 }
@@ -938,7 +938,7 @@ static void spares_bounded_counted_trimmed(void *arg) {
     large_get_stats(&s0);
     void *p[20];
     for (int i = 0; i < 20; i++) {
-        p[i] = large_alloc_sampled(3000, 16, false, 3000);
+        p[i] = large_alloc_sampled(3000, 16, false, 3000, true);
         CHILD_CHECK(p[i] != NULL);
     }
     for (int i = 0; i < 20; i++)
@@ -956,7 +956,7 @@ static void spares_bounded_counted_trimmed(void *arg) {
     CHILD_CHECK(os_calls(OS_MUNMAP) >= unmaps + 20);
     /* The background thread's pass sees the spares: with nothing else
      * cached, it has a next pass to wait for (when they are due to age). */
-    void *q = large_alloc_sampled(3000, 16, false, 3000);
+    void *q = large_alloc_sampled(3000, 16, false, 3000, true);
     free(q);
     CHILD_CHECK(large_age_next() != UINT64_MAX);
     large_get_stats(&s);
@@ -965,7 +965,7 @@ static void spares_bounded_counted_trimmed(void *arg) {
      * BigCache on the tier's own look at its ages, and age there. */
     malloc_trim(0);
     hak_cfg.bigcache_age_ms = 20;
-    uint8_t *r = large_alloc_sampled(3000, 16, false, 3000);
+    uint8_t *r = large_alloc_sampled(3000, 16, false, 3000, true);
     memset(r, 7, 3000);
     free(r);
     CHILD_CHECK(maps_resident(r));
@@ -978,7 +978,7 @@ static void spares_bounded_counted_trimmed(void *arg) {
     hak_cfg.bigcache_age_ms = 60000;
     /* With caching off, no spare is kept either: the free unmaps. */
     hak_cfg.bigcache_bytes = 0;
-    q = large_alloc_sampled(3000, 16, false, 3000);
+    q = large_alloc_sampled(3000, 16, false, 3000, true);
     unmaps = os_calls(OS_MUNMAP);
     free(q);
     CHILD_CHECK(os_calls(OS_MUNMAP) == unmaps + 1);
@@ -992,7 +992,7 @@ static void test_sampled_spares_bounded_counted_and_trimmed(void **state) {
 static void spare_double_free(void *arg) {
     (void)arg;
     prof_start((uint64_t)1 << 60, "/dev/null");
-    void *p = large_alloc_sampled(64, 16, false, 64);
+    void *p = large_alloc_sampled(64, 16, false, 64, true);
     fprintf(stderr, "p=%p\n", p);
     do_double_free(p);
 }
@@ -1021,23 +1021,23 @@ static void sampled_mappings_bounded(void *arg) {
     static void *p[SAMPLED_MAX];
     for (int round = 0; round < 2; round++) {
         for (int i = 0; i < SAMPLED_MAX; i++) {
-            p[i] = large_alloc_sampled(100, 16, false, 100);
+            p[i] = large_alloc_sampled(100, 16, false, 100, true);
             CHILD_CHECK(p[i] != NULL);
         }
-        CHILD_CHECK(large_alloc_sampled(100, 16, false, 100) == NULL); /* the bound */
+        CHILD_CHECK(large_alloc_sampled(100, 16, false, 100, true) == NULL); /* the bound */
         free(p[0]); /* a spare now: the next sample of its size takes it */
-        p[0] = large_alloc_sampled(100, 16, false, 100);
+        p[0] = large_alloc_sampled(100, 16, false, 100, true);
         CHILD_CHECK(p[0] != NULL);
-        CHILD_CHECK(large_alloc_sampled(100, 16, false, 100) == NULL);
+        CHILD_CHECK(large_alloc_sampled(100, 16, false, 100, true) == NULL);
         /* A Large block sampled is not one of them. */
-        void *big = large_alloc_sampled(2 * MiB, 16, false, 2 * MiB);
+        void *big = large_alloc_sampled(2 * MiB, 16, false, 2 * MiB, false);
         CHILD_CHECK(big != NULL);
         free(big);
         for (int i = 0; i < SAMPLED_MAX; i++) /* to the spares, then the BigCache */
             free(p[i]);
         if (round == 0) {
             /* Reallocated, a sample leaves too. */
-            void *q = large_alloc_sampled(100, 16, false, 100);
+            void *q = large_alloc_sampled(100, 16, false, 100, true);
             CHILD_CHECK(q != NULL);
             q = realloc(q, 200);
             CHILD_CHECK(q != NULL);

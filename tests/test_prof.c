@@ -270,15 +270,36 @@ static void resized_samples(void *arg) {
     EXPECT_TOTALS(2, 4608 * KiB);
     /* A small block the profiler moved to the Large tier keeps its sample
      * within its class's size (as its class would keep it in place)... */
-    char *small = large_alloc_sampled(400, 16, false, 400);
+    char *small = large_alloc_sampled(400, 16, false, 400, true);
     CHILD_CHECK(small != NULL);
     CHILD_CHECK(realloc(small, 390) == small);
     EXPECT_TOTALS(3, 4608 * KiB + 390);
     /* ...past it, it is a new block, where its size goes (a class: not
-     * sampled here), and its sample goes. */
+     * sampled here), and its sample goes... */
     small = realloc(small, 5000);
     CHILD_CHECK(small != NULL);
     EXPECT_TOTALS(2, 4608 * KiB);
+    /* ...and so it is shrunk past where its class would keep it: kept, it
+     * had a sample its class's blocks, moved and drawn again, did not (at
+     * 1024 bytes shrunk to 41, the profile showed twice their bytes). */
+    char *shrinking = large_alloc_sampled(1024, 16, false, 1024, true);
+    CHILD_CHECK(shrinking != NULL);
+    EXPECT_TOTALS(3, 4608 * KiB + 1024);
+    char *moved = realloc(shrinking, 41);
+    CHILD_CHECK(moved != NULL && moved != shrinking);
+    EXPECT_TOTALS(2, 4608 * KiB);
+    /* A small size at an alignment no class serves is a Large block, sampled
+     * or not: realloc keeps its sample as any Large block's (it was dropped,
+     * its unsampled peers drawing only their growth: a third of their
+     * bytes showed). */
+    char *aligned = aligned_alloc(2 * MiB, 100000);
+    CHILD_CHECK(aligned != NULL);
+    EXPECT_TOTALS(3, 4608 * KiB + 100000);
+    aligned = realloc(aligned, 102400);
+    CHILD_CHECK(aligned != NULL);
+    EXPECT_TOTALS(3, 4608 * KiB + 102400);
+    free(aligned);
+    free(moved);
     free(small);
     free(shrunk);
     free(buf);
@@ -291,7 +312,7 @@ static void resized_samples(void *arg) {
         CHILD_CHECK(b != NULL);
         free(b);
     }
-    char *after = large_alloc_sampled(100, 16, false, 100);
+    char *after = large_alloc_sampled(100, 16, false, 100, true);
     CHILD_CHECK(after != NULL);
     free(after);
 }

@@ -122,6 +122,13 @@ static double prof_probability(size_t size) {
     return 1 - prof_exp_neg(x);
 }
 
+/* What a sample chosen with the chance of `size` bytes stands for: 1 /
+ * that chance (1 for none: nothing is drawn for 0 bytes, but a record
+ * made by hand may say so). */
+static double prof_scale(size_t size) {
+    return size != 0 ? 1 / prof_probability(size) : 1;
+}
+
 /* Bytes to the next point of the Poisson process: exponential, mean prof_rate. */
 static double prof_gap(void) {
     double u = (double)((prof_random() >> 11) + 1) * 0x1p-53; /* (0, 1] */
@@ -269,9 +276,12 @@ void prof_forget(struct prof_rec *r) {
 
 void prof_resize(struct prof_rec *r, const void *to, size_t n) {
     if (r == NULL) return;
-    atomic_store_explicit(&r->n, n, memory_order_relaxed);
+    /* The size first, and the bytes released after it: a dump that reads
+     * the new bytes (acquiring them) reads the new size too, never a small
+     * chance scaling up many bytes. */
     if (n > atomic_load_explicit(&r->size, memory_order_relaxed))
         atomic_store_explicit(&r->size, n, memory_order_relaxed);
+    atomic_store_explicit(&r->n, n, memory_order_release);
     if (r->p == to) return; /* (only the block's own calls change r->p) */
     hak_spin_lock(&prof_lock);
     prof_unlink(r);
@@ -391,7 +401,7 @@ static int prof_copy_lines(uint32_t *b, uint32_t *skip, struct prof_line *out) {
         for (; r != NULL; r = r->next, ++*skip) {
             if (n == PROF_BATCH) goto full;
             if (r->depth == 0) continue; /* no stack: nothing pprof could show */
-            out[n].n = atomic_load_explicit(&r->n, memory_order_relaxed);
+            out[n].n = atomic_load_explicit(&r->n, memory_order_acquire);
             out[n].size = atomic_load_explicit(&r->size, memory_order_relaxed);
             out[n].depth = r->depth;
             memcpy(out[n].pc, r->pc, r->depth * sizeof r->pc[0]);
@@ -412,11 +422,10 @@ static bool prof_totals(uint64_t *count, uint64_t *bytes) {
     for (uint32_t i = 0; i < PROF_BUCKETS; i++)
         for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
             if (r->depth == 0) continue;
-            double scale =
-                1 / prof_probability(atomic_load_explicit(&r->size, memory_order_relaxed));
+            uint64_t n = atomic_load_explicit(&r->n, memory_order_acquire);
+            double scale = prof_scale(atomic_load_explicit(&r->size, memory_order_relaxed));
             *count += (uint64_t)(scale + 0.5);
-            *bytes +=
-                (uint64_t)((double)atomic_load_explicit(&r->n, memory_order_relaxed) * scale + 0.5);
+            *bytes += (uint64_t)((double)n * scale + 0.5);
         }
     hak_spin_unlock(&prof_lock);
     return true;
@@ -443,7 +452,7 @@ static int prof_dump_to(const char *path) {
     while ((got = prof_copy_lines(&bucket, &skip, line)) > 0)
         for (int i = 0; i < got; i++) {
             const struct prof_line *r = &line[i];
-            double scale = 1 / prof_probability(r->size);
+            double scale = prof_scale(r->size);
             prof_put_counts(&b, fd, &ok, (uint64_t)(scale + 0.5),
                             (uint64_t)((double)r->n * scale + 0.5));
             for (uint32_t f = 0; f < r->depth; f++) {

@@ -38,21 +38,11 @@ static uint32_t front_aligned_class(size_t align, size_t n) {
     return cls;
 }
 
-/* A Large block that the heap profiler's byte countdown chose (prof.h). */
-static __attribute__((cold, noinline)) void *front_large_sampled(size_t n, size_t align,
-                                                                 bool zero) {
-    void *p = large_alloc_sampled(n, align, zero, n);
-    if (p != NULL) return p;
-    p = large_alloc(n, align, zero);
-    if (p != NULL)
-        prof_lost(); /* (a small n at a big alignment: too many sampled small blocks live) */
-    return p;
-}
-
-/* A Large block of n bytes; with the profiler on, maybe a sampled one. */
+/* A Large block of n bytes; with the profiler on, maybe one its byte
+ * countdown chose (prof.h). */
 static inline void *front_large(size_t n, size_t align, bool zero) {
     if (hak_unlikely(prof_on) && !prof_busy && prof_bytes_due(n))
-        return front_large_sampled(n, align, zero);
+        return large_alloc_sampled(n, align, zero, n, false);
     return large_alloc(n, align, zero);
 }
 
@@ -164,7 +154,7 @@ static bool front_size_belongs(const struct front_block *b, size_t n, size_t ali
     }
     if (exact || align > HAK_MIN_ALIGN) return bcls == cls;
     /* realloc keeps a block that shrinks less than four classes down
-     * (front_realloc_class), and grows one within the L2.5 tier to a block
+     * (small_class_keeps), and grows one within the L2.5 tier to a block
      * for half as much again: at most three classes up. */
     return cls <= bcls && bcls < cls + 4 && n <= b->size;
 }
@@ -203,8 +193,7 @@ static void *front_move(void *p, size_t keep, size_t n) {
 /* realloc of a valid block of class cls. */
 static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
     size_t have = small_class_size[cls];
-    /* Stay put unless growing, or shrinking by more than a power of two. */
-    if (n <= have && small_class_of(n) + 4 > cls) return p;
+    if (small_class_keeps(cls, n)) return p;
     if (n > have && n >= FRONT_GROW_MIN) {
         /* Growing: likely to grow on. Failing room of its own, within the
          * L2.5 tier, room for half as much again saves half the copies; the
@@ -422,7 +411,7 @@ static void *front_sample(size_t n, uint32_t cls) {
     if (tc_rearm(cls, prof_countdown(size)) && prof_on && !prof_busy) {
         size_t align = size & -size; /* what the class's blocks are aligned to */
         void *p = large_alloc_sampled(size, align < 2 * HAK_PAGE_SIZE ? align : 2 * HAK_PAGE_SIZE,
-                                      false, n);
+                                      false, n, true);
         if (p != NULL) return p;
         prof_lost();
     }
