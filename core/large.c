@@ -866,25 +866,25 @@ void *large_alloc_sampled(size_t size, size_t align, bool zero, size_t n, bool s
 
 /* large_follow's rare parts (each returns the block). A sampled block's
  * record follows it. */
-static __attribute__((cold, noinline)) void *large_sample_follows(struct large_hdr *h, size_t n) {
-    void *p = large_user(h);
+static __attribute__((cold, noinline)) void *large_sample_follows(struct large_hdr *h, void *p,
+                                                                  size_t n) {
     prof_resize(h->prof.rec, p, n);
     return p;
 }
 
 /* ... The byte countdown passed 0 as h grew by `more` bytes to n. */
-static __attribute__((cold, noinline)) void *large_countdown_passed(struct large_hdr *h, size_t n,
-                                                                    size_t more) {
+static __attribute__((cold, noinline)) void *large_countdown_passed(struct large_hdr *h, void *p,
+                                                                    size_t n, size_t more) {
     if (prof_busy) /* (this thread records a sample: none now, none drawn) */
         prof_bytes_left += (int64_t)more;
     else if (prof_bytes_passed(more))
         large_take_sample(h, n);
-    return large_user(h);
+    return p;
 }
 
-/* Block h, n bytes now after a realloc (the same block, resized in place or
- * its pages moved; or a new one, drawn 0): the profiler's view of it
- * follows; the block. Its chance to have been sampled is that of the bytes
+/* Block p, header h, n bytes now after a realloc (the same block, resized
+ * in place or its pages moved; or a new one, drawn 0): the profiler's view
+ * of it follows; p. Its chance to have been sampled is that of the bytes
  * drawn for it. A sampled block keeps its record, at its new address and
  * size. An unsampled one that grows past those bytes has the countdown
  * pass over the new ones. The process being one over bytes, either way the
@@ -893,13 +893,13 @@ static __attribute__((cold, noinline)) void *large_countdown_passed(struct large
  * bytes say (drawn whole at every step, as a new allocation, it would be
  * sampled at nearly every step once past HAKMEM_PROF_SAMPLE). Only tail
  * calls: a realloc in place saves no registers for it. */
-HAK_INLINE void *large_follow(struct large_hdr *h, size_t n) {
-    if (hak_unlikely(h->sample != LS_NONE)) return large_sample_follows(h, n);
+HAK_INLINE void *large_follow(struct large_hdr *h, void *p, size_t n) {
+    if (hak_unlikely(h->sample != LS_NONE)) return large_sample_follows(h, p, n);
     size_t more = n > h->prof.drawn ? n - h->prof.drawn : 0;
     h->prof.drawn += more;
     /* (prof_bytes_due, its call a tail call.) */
-    if (hak_likely((prof_bytes_left -= (int64_t)more) >= 0)) return large_user(h);
-    return large_countdown_passed(h, n, more);
+    if (hak_likely((prof_bytes_left -= (int64_t)more) >= 0)) return p;
+    return large_countdown_passed(h, p, n, more);
 }
 
 void *large_alloc_growing(size_t size) {
@@ -919,7 +919,7 @@ void *large_alloc_growing(size_t size) {
     } else if (hak_unlikely(prof_on)) { /* a new block to the profiler: all of it drawn */
         struct large_hdr *h = (struct large_hdr *)((uint8_t *)p - LARGE_HDR_SIZE);
         h->prof.drawn = 0;
-        large_follow(h, size);
+        large_follow(h, p, size);
     }
     return p;
 }
@@ -1113,21 +1113,22 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
     return large_user(to);
 }
 
-/* large_realloc of h to n bytes (`pages` from its header). */
-HAK_INLINE void *large_realloc_to(struct large_hdr *h, size_t n, size_t pages) {
+/* large_realloc of block p, header h, to n bytes (`pages` from its header). */
+HAK_INLINE void *large_realloc_to(struct large_hdr *h, void *p, size_t n, size_t pages) {
     /* The common case of a growing buffer: it fits in the pages it has; no
-     * call, no lock. */
+     * call, no lock. (p, not large_user: a pointer the caller writes through
+     * next had better not wait for a load.) */
     if (hak_likely(pages <= h->ready && n >= h->req)) {
         h->req = n;
-        return large_user(h);
+        return p;
     }
     return large_resize(h, n, pages);
 }
 
 /* large_realloc_to with the heap profiler on: the block's sample, or its
  * chance of one, follows it (large_follow). */
-static __attribute__((noinline)) void *large_realloc_profiled_slow(struct large_hdr *h, size_t n,
-                                                                   size_t pages) {
+static __attribute__((noinline)) void *large_realloc_profiled_slow(struct large_hdr *h, void *p,
+                                                                   size_t n, size_t pages) {
     if (hak_unlikely(h->sample == LS_SMALL) &&
         !small_class_keeps(small_class_of(prof_drawn(h->prof.rec)), n)) {
         /* A small block the profiler moved here, which its class would not
@@ -1143,19 +1144,19 @@ static __attribute__((noinline)) void *large_realloc_profiled_slow(struct large_
         if (n <= HAK_SMALL_MAX) return NULL;
     }
     size_t off = h->offset;
-    void *q = large_realloc_to(h, n, pages);
+    void *q = large_realloc_to(h, p, n, pages);
     /* (Its header came along if its pages moved.) */
-    return q != NULL ? large_follow((struct large_hdr *)((uint8_t *)q - off), n) : NULL;
+    return q != NULL ? large_follow((struct large_hdr *)((uint8_t *)q - off), q, n) : NULL;
 }
 
 /* The same, its common case inlined: a buffer growing within its pages. */
-static __attribute__((noinline)) void *large_realloc_profiled(struct large_hdr *h, size_t n,
-                                                              size_t pages) {
+static __attribute__((noinline)) void *large_realloc_profiled(struct large_hdr *h, void *p,
+                                                              size_t n, size_t pages) {
     if (hak_likely(h->sample != LS_SMALL && pages <= h->ready && n >= h->req)) {
         h->req = n;
-        return large_follow(h, n);
+        return large_follow(h, p, n);
     }
-    return large_realloc_profiled_slow(h, n, pages);
+    return large_realloc_profiled_slow(h, p, n, pages);
 }
 
 void *large_realloc(void *p, uint32_t entry, size_t n) {
@@ -1163,8 +1164,8 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
     size_t off = h->offset;
     if (n > HAK_MAX_REQUEST - off - 2 * HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */
     size_t pages = hak_align_up(off + n, HAK_PAGE_SIZE);
-    if (hak_unlikely(prof_on)) return large_realloc_profiled(h, n, pages);
-    return large_realloc_to(h, n, pages);
+    if (hak_unlikely(prof_on)) return large_realloc_profiled(h, p, n, pages);
+    return large_realloc_to(h, p, n, pages);
 }
 
 uint64_t large_age_next(void) {
