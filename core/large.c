@@ -875,10 +875,7 @@ static __attribute__((cold, noinline)) void *large_sample_follows(struct large_h
 /* ... The byte countdown passed 0 as h grew by `more` bytes to n. */
 static __attribute__((cold, noinline)) void *large_countdown_passed(struct large_hdr *h, void *p,
                                                                     size_t n, size_t more) {
-    if (prof_busy) /* (this thread records a sample: none now, none drawn) */
-        prof_bytes_left += (int64_t)more;
-    else if (prof_bytes_passed(more))
-        large_take_sample(h, n);
+    if (prof_bytes_passed(more)) large_take_sample(h, n);
     return p;
 }
 
@@ -898,8 +895,7 @@ HAK_INLINE void *large_follow(struct large_hdr *h, void *p, size_t n) {
     size_t more = n > h->prof.drawn ? n - h->prof.drawn : 0;
     h->prof.drawn += more;
     /* (prof_bytes_due, its call a tail call.) */
-    if (hak_likely((prof_bytes_left -= (int64_t)more) >= 0)) return p;
-    return large_countdown_passed(h, p, n, more);
+    return prof_bytes_count(more) ? large_countdown_passed(h, p, n, more) : p;
 }
 
 void *large_alloc_growing(size_t size) {
@@ -917,7 +913,7 @@ void *large_alloc_growing(size_t size) {
         atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
         errno = saved;
     } else if (hak_unlikely(prof_on)) { /* a new block to the profiler: all of it drawn */
-        struct large_hdr *h = (struct large_hdr *)((uint8_t *)p - LARGE_HDR_SIZE);
+        struct large_hdr *h = (struct large_hdr *)((uint8_t *)p - large_offset(HAK_MIN_ALIGN));
         h->prof.drawn = 0;
         large_follow(h, p, size);
     }

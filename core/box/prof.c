@@ -147,6 +147,10 @@ int64_t prof_countdown(size_t size) {
 }
 
 bool prof_bytes_passed(size_t n) {
+    if (prof_busy) { /* (the unwinder's own allocation: it would recurse) */
+        prof_bytes_left += (int64_t)n;
+        return false;
+    }
     if (hak_unlikely(!prof_t.armed)) { /* the thread's first: its countdown starts */
         prof_t.armed = true;
         if ((prof_bytes_left = (int64_t)prof_gap() - (int64_t)n) >= 0) return false;

@@ -44,15 +44,22 @@ int64_t prof_countdown(size_t size);
  * a sample is due (prof_bytes_passed). */
 extern HAK_HIDDEN __thread int64_t prof_bytes_left;
 /* The countdown passed 0 at an allocation of n bytes: true when it is to be
- * sampled (false only at the thread's first), the countdown restarted. */
+ * sampled, the countdown restarted. False at the thread's first, and while
+ * it records a sample (prof_busy: the bytes are given back, none drawn). */
 bool prof_bytes_passed(size_t n);
+
+/* Count n bytes outside the class countdowns down: true when the countdown
+ * passed 0 (prof_bytes_passed decides then). A caller keeping its fast path
+ * free of calls tests this and calls prof_bytes_passed apart. */
+HAK_INLINE bool prof_bytes_count(size_t n) {
+    return hak_unlikely((prof_bytes_left -= (int64_t)n) < 0);
+}
 
 /* An allocation of n bytes outside the class countdowns (a Large block, a
  * block realloc grows in place): true when it is to be sampled. Only with
  * prof_on. */
 HAK_INLINE bool prof_bytes_due(size_t n) {
-    if (hak_likely((prof_bytes_left -= (int64_t)n) >= 0)) return false;
-    return prof_bytes_passed(n);
+    return prof_bytes_count(n) && prof_bytes_passed(n);
 }
 
 /* A sample's record: what the calls below take, from the one that made it. */
