@@ -52,7 +52,9 @@ static struct prof_rec *prof_spare;
 
 static __thread struct {
     uint64_t rng;
-    bool armed; /* prof_bytes_left was set */
+    double next; /* the next gap (prof_gap) */
+    bool drawn;  /* next was */
+    bool armed;  /* prof_bytes_left was set */
 } prof_t;
 HAK_HIDDEN __thread int64_t prof_bytes_left;
 
@@ -68,26 +70,21 @@ static uint64_t prof_random(void) {
     return x * 0x2545f4914f6cdd1dull;
 }
 
-/* ln(x) for a normal x > 0: x = m 2^e with m in [sqrt(1/2), sqrt(2)), and
+/* ln(x) for a normal x > 0: x = m 2^k with m in [sqrt(1/2), sqrt(2)), and
  * ln(m) = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.172: its series to s^11
- * is good to 1e-9. */
+ * is good to 1e-9. Subtracting sqrt(1/2)'s bits from x's puts k in the
+ * exponent field: no test of m against sqrt(2), mispredicted half the time. */
 static double prof_ln(double x) {
-    union {
-        double d;
-        uint64_t u;
-    } v = {x};
-    int e = (int)((v.u >> 52) & 0x7ff) - 1023;
-    v.u = (v.u & ((1ull << 52) - 1)) | (1023ull << 52);
-    double m = v.d;
-    if (m > 1.4142135623730951) {
-        m *= 0.5;
-        e++;
-    }
-    double s = (m - 1) / (m + 1), s2 = s * s;
-    double series =
-        s *
-        (2 + s2 * (2.0 / 3 + s2 * (2.0 / 5 + s2 * (2.0 / 7 + s2 * (2.0 / 9 + s2 * (2.0 / 11))))));
-    return e * 0.6931471805599453 + series;
+    uint64_t u;
+    __builtin_memcpy(&u, &x, sizeof u);
+    int64_t k = (int64_t)(u - 0x3fe6a09e667f3bcdull) >> 52; /* (arithmetic shift) */
+    u -= (uint64_t)k << 52;
+    double m;
+    __builtin_memcpy(&m, &u, sizeof m);
+    double s = (m - 1) / (m + 1), s2 = s * s, s4 = s2 * s2;
+    double series = s * ((2 + s2 * (2.0 / 3)) + /* (by powers of s^4: a shorter chain) */
+                         s4 * ((2.0 / 5 + s2 * (2.0 / 7)) + s4 * (2.0 / 9 + s2 * (2.0 / 11))));
+    return (double)k * 0.6931471805599453 + series;
 }
 
 /* exp(-x) for x >= 0: 2^-k exp(r), |r| <= ln(2)/2, exp(r) by its series
@@ -129,10 +126,20 @@ static double prof_scale(size_t size) {
     return size != 0 ? 1 / prof_probability(size) : 1;
 }
 
-/* Bytes to the next point of the Poisson process: exponential, mean prof_rate. */
-static double prof_gap(void) {
+/* An exponential number of bytes, mean prof_rate. */
+static double prof_draw(void) {
     double u = (double)((prof_random() >> 11) + 1) * 0x1p-53; /* (0, 1] */
     return -prof_ln(u) * prof_rate;
+}
+
+/* Bytes to the next point of the Poisson process. Drawn a gap ahead: the
+ * sample that asks goes on while the next one is worked out (a chain of
+ * ~60 cycles that nothing waits for), where it would wait for its own. */
+static double prof_gap(void) {
+    double g = hak_likely(prof_t.drawn) ? prof_t.next : prof_draw();
+    prof_t.next = prof_draw();
+    prof_t.drawn = true;
+    return g;
 }
 
 int64_t prof_countdown(size_t size) {
