@@ -104,6 +104,39 @@ static void test_dump_gives_up_on_a_lock_held_for_good(void **state) {
     if (exact != 1 || hak != 1) fail_msg("expected \"%s\"; stderr was:\n%s", line, d.err);
 }
 
+/* ---- a profile that cannot be written ------------------------------------------------
+ * The line at exit names the file it tried, %p replaced: the setting's
+ * pattern would not say which process failed, nor where exactly. */
+
+static void exit_into_no_directory(void *arg) {
+    (void)arg;
+    char path[128];
+    snprintf(path, sizeof path, "%s/no/such/dir/x.%%p.heap", dir);
+    prof_start(4096, path);
+    fprintf(stderr, "pid=%d\n", (int)getpid());
+    void *p = malloc(BIG);
+    prof_exit();
+    free(p);
+}
+
+static void test_exit_names_the_file_it_tried(void **state) {
+    (void)state;
+    struct death d;
+    run_child(exit_into_no_directory, NULL, &d);
+    assert_false(d.timedout);
+    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
+        fail_msg("status 0x%x; stderr: %s", d.status, d.err);
+    int pid = 0;
+    assert_int_equal(sscanf(d.err, "pid=%d", &pid), 1);
+    char line[256];
+    snprintf(line, sizeof line,
+             "hakmem: could not write the heap profile to '%s/no/such/dir/x.%d.heap' (errno %d)",
+             dir, pid, ENOENT);
+    int exact, hak;
+    count_lines(&d, line, &exact, &hak);
+    if (exact != 1 || hak != 1) fail_msg("expected \"%s\"; stderr was:\n%s", line, d.err);
+}
+
 /* ---- a dumping thread cancelled -------------------------------------------------------
  * A dump is a cancellation point, at its end: a thread dumping in a loop is
  * cancelled, and leaves no lock held behind it. */
@@ -325,6 +358,7 @@ static void test_realloc_keeps_and_takes_samples(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dump_gives_up_on_a_lock_held_for_good),
+        cmocka_unit_test(test_exit_names_the_file_it_tried),
         cmocka_unit_test(test_cancelled_dump_leaves_no_lock_held),
         cmocka_unit_test(test_dump_at_the_address_space_limit),
         cmocka_unit_test(test_long_paths_written),

@@ -528,10 +528,14 @@ void prof_exit(void) {
     }
     if (prof_dump_whole(NULL) == 0) return;
     int err = errno;
+    /* The file it tried: %p as the process id (the setting itself when
+     * that is too long). */
+    char name[sizeof prof_file];
+    if (!prof_expand(prof_file, name, sizeof name)) memcpy(name, prof_file, sizeof name);
     struct diag_buf b = {.n = 0};
     diag_str(&b, "hakmem: could not write the heap profile to '");
     diag_flush(&b, 2);
-    diag_write(2, prof_file, strlen(prof_file)); /* (a path may not fit in b) */
+    diag_write(2, name, strlen(name)); /* (a path may not fit in b) */
     diag_str(&b, "' (errno ");
     diag_u64(&b, (uint64_t)err);
     diag_str(&b, ")\n");
