@@ -75,12 +75,13 @@ static uint64_t prof_random(void) {
  * is good to 1e-9. Subtracting sqrt(1/2)'s bits from x's puts k in the
  * exponent field: no test of m against sqrt(2), mispredicted half the time. */
 static double prof_ln(double x) {
-    uint64_t u;
-    __builtin_memcpy(&u, &x, sizeof u);
-    int64_t k = (int64_t)(u - 0x3fe6a09e667f3bcdull) >> 52; /* (arithmetic shift) */
-    u -= (uint64_t)k << 52;
-    double m;
-    __builtin_memcpy(&m, &u, sizeof m);
+    union {
+        double d;
+        uint64_t u;
+    } v = {x};
+    int64_t k = (int64_t)(v.u - 0x3fe6a09e667f3bcdull) >> 52; /* (arithmetic shift) */
+    v.u -= (uint64_t)k << 52;
+    double m = v.d;
     double s = (m - 1) / (m + 1), s2 = s * s, s4 = s2 * s2;
     double series = s * ((2 + s2 * (2.0 / 3)) + /* (by powers of s^4: a shorter chain) */
                          s4 * ((2.0 / 5 + s2 * (2.0 / 7)) + s4 * (2.0 / 9 + s2 * (2.0 / 11))));
