@@ -89,19 +89,24 @@ static void dump_beside_a_held_lock(void *arg) {
     free(p);
 }
 
+/* The child exited with 0, having printed `line` and no other hakmem line. */
+static void expect_only_line(const struct death *d, const char *line) {
+    assert_false(d->timedout);
+    if (!WIFEXITED(d->status) || WEXITSTATUS(d->status) != 0)
+        fail_msg("status 0x%x; stderr: %s", d->status, d->err);
+    int exact, hak;
+    count_lines(d, line, &exact, &hak);
+    if (exact != 1 || hak != 1) fail_msg("expected \"%s\"; stderr was:\n%s", line, d->err);
+}
+
 static void test_dump_gives_up_on_a_lock_held_for_good(void **state) {
     (void)state;
     struct death d;
     run_child(dump_beside_a_held_lock, NULL, &d);
-    assert_false(d.timedout);
-    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
-        fail_msg("status 0x%x; stderr: %s", d.status, d.err);
     char line[128];
     snprintf(line, sizeof line,
              "hakmem: could not write the heap profile to '/dev/null' (errno %d)", EDEADLK);
-    int exact, hak;
-    count_lines(&d, line, &exact, &hak);
-    if (exact != 1 || hak != 1) fail_msg("expected \"%s\"; stderr was:\n%s", line, d.err);
+    expect_only_line(&d, line);
 }
 
 /* ---- a profile that cannot be written ------------------------------------------------
@@ -123,18 +128,13 @@ static void test_exit_names_the_file_it_tried(void **state) {
     (void)state;
     struct death d;
     run_child(exit_into_no_directory, NULL, &d);
-    assert_false(d.timedout);
-    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
-        fail_msg("status 0x%x; stderr: %s", d.status, d.err);
     int pid = 0;
     assert_int_equal(sscanf(d.err, "pid=%d", &pid), 1);
     char line[256];
     snprintf(line, sizeof line,
              "hakmem: could not write the heap profile to '%s/no/such/dir/x.%d.heap' (errno %d)",
              dir, pid, ENOENT);
-    int exact, hak;
-    count_lines(&d, line, &exact, &hak);
-    if (exact != 1 || hak != 1) fail_msg("expected \"%s\"; stderr was:\n%s", line, d.err);
+    expect_only_line(&d, line);
 }
 
 /* ---- a dumping thread cancelled -------------------------------------------------------
