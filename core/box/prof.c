@@ -127,6 +127,16 @@ static double prof_scale(size_t size) {
     return size != 0 ? 1 / prof_probability(size) : 1;
 }
 
+/* A record's estimate: the allocations and bytes in use it stands for, n
+ * bytes sampled with the chance of `size`. */
+struct prof_est {
+    uint64_t count, bytes;
+};
+static struct prof_est prof_estimate(uint64_t n, size_t size) {
+    double scale = prof_scale(size);
+    return (struct prof_est){(uint64_t)(scale + 0.5), (uint64_t)((double)n * scale + 0.5)};
+}
+
 /* An exponential number of bytes, mean prof_rate. */
 static double prof_draw(void) {
     double u = (double)((prof_random() >> 11) + 1) * 0x1p-53; /* (0, 1] */
@@ -435,9 +445,10 @@ static bool prof_totals(uint64_t *count, uint64_t *bytes) {
         for (const struct prof_rec *r = prof_table[i]; r != NULL; r = r->next) {
             if (r->depth == 0) continue;
             uint64_t n = atomic_load_explicit(&r->n, memory_order_acquire);
-            double scale = prof_scale(atomic_load_explicit(&r->size, memory_order_relaxed));
-            *count += (uint64_t)(scale + 0.5);
-            *bytes += (uint64_t)((double)n * scale + 0.5);
+            struct prof_est e =
+                prof_estimate(n, atomic_load_explicit(&r->size, memory_order_relaxed));
+            *count += e.count;
+            *bytes += e.bytes;
         }
     hak_spin_unlock(&prof_lock);
     return true;
@@ -464,9 +475,8 @@ static int prof_dump_to(const char *path) {
     while ((got = prof_copy_lines(&bucket, &skip, line)) > 0)
         for (int i = 0; i < got; i++) {
             const struct prof_line *r = &line[i];
-            double scale = prof_scale(r->size);
-            prof_put_counts(&b, fd, &ok, (uint64_t)(scale + 0.5),
-                            (uint64_t)((double)r->n * scale + 0.5));
+            struct prof_est e = prof_estimate(r->n, r->size);
+            prof_put_counts(&b, fd, &ok, e.count, e.bytes);
             for (uint32_t f = 0; f < r->depth; f++) {
                 prof_room(&b, fd, &ok);
                 diag_str(&b, " ");
