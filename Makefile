@@ -158,9 +158,13 @@ checked: $(UBSAN_TEST_BINS) $(TSAN_TEST_BINS) $(FUZZ_BINS)
 tests: release debug $(TEST_BINS) out/tests/test_cxx out/tests/cxx_prog out/tests/cxx_prog_linked \
 	out/tests/cxx_replaced out/tests/cxx_replaced_static checked
 
+# The builds are independent files: as many compilers as cores (unless -j was given).
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+SUBMAKE_J := $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+
 test:
 	@tests/deps.sh
-	@$(MAKE) --no-print-directory tests
+	@$(MAKE) --no-print-directory $(SUBMAKE_J) tests
 	@tests/run.sh
 
 # Longer fuzz runs than make test's: FUZZ_SECONDS per target (tests/fuzz/run.sh).
@@ -188,7 +192,7 @@ bench-bins: release $(BENCH_BINS)
 
 bench:
 	@bench/deps.sh
-	@$(MAKE) --no-print-directory bench-bins
+	@$(MAKE) --no-print-directory $(SUBMAKE_J) bench-bins
 	@bench/run.sh
 	@bench/syscalls.sh
 

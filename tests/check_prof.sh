@@ -16,6 +16,8 @@
 #    EINVAL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=tests/lib.sh
+source tests/lib.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL check_prof: $*"; exit 1; }
@@ -206,7 +208,7 @@ C
 cc -O1 plain.c -o plain
 for order in "$tmp/libctor.so $lib" "$lib $tmp/libctor.so"; do
   rc=0
-  timeout -k 5 20 env LD_PRELOAD="$order" HAKMEM_PROF=1 HAKMEM_PROF_FILE=/dev/null ./plain || rc=$?
+  timeout -k 5 "$(scaled_limit 120)" env LD_PRELOAD="$order" HAKMEM_PROF=1 HAKMEM_PROF_FILE=/dev/null ./plain || rc=$?
   [ $rc -eq 0 ] || fail "a library's constructor waiting for its thread, LD_PRELOAD='$order': exit $rc (124: hung)"
 done
 # A preloaded wrapper of write() that allocates (a tracing shim): the dump
@@ -243,7 +245,7 @@ C
 cc -O1 -fno-builtin -shared -fPIC wrapwrite.c -o libwrapwrite.so  # (-fno-builtin: its malloc stays)
 cc -O1 dumpfew.c -o dumpfew -ldl
 rc=0
-timeout -k 5 60 env LD_PRELOAD="$lib $tmp/libwrapwrite.so" HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 \
+timeout -k 5 "$(scaled_limit 300)" env LD_PRELOAD="$lib $tmp/libwrapwrite.so" HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 \
   HAKMEM_PROF_FILE=/dev/null ./dumpfew "$tmp/wrapped.heap" >/dev/null || rc=$?
 [ $rc -eq 0 ] || fail "hak_prof_dump with a preloaded write() that allocates: exit $rc (124: hung)"
 [ -s wrapped.heap ] || fail "no profile written through the wrapped write()"
@@ -251,7 +253,7 @@ export HAKMEM_PROF=1 HAKMEM_PROF_SAMPLE=1 HAKMEM_PROF_FILE="$tmp/all.%p.heap"
 LD_PRELOAD=$lib sh -c 'for i in 1 2 3; do echo $i; done | sort -r >/dev/null' || fail "sh failed sampling all"
 LD_PRELOAD=$lib python3 -c 'import json; json.dumps([{"a": str(i)} for i in range(20000)])' \
   || fail "python3 failed sampling all"
-LD_PRELOAD=$lib timeout 300 "$OLDPWD/out/tests/test_threads" >threads.log 2>&1 || {
+LD_PRELOAD=$lib timeout "$(scaled_limit 1200)" "$OLDPWD/out/tests/test_threads" >threads.log 2>&1 || {
   tail threads.log
   fail "test_threads failed sampling all"
 }

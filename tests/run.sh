@@ -17,66 +17,144 @@ trap 'rm -rf "$log"' EXIT
 
 count() { grep -cE "$1" "$2" || true; }
 
-# run_bins DIR: every cmocka binary DIR/test_* (each of its tests counts).
-run_bins() {
-    local dir=$1 b out rc p f summary why
-    local bins=()
-    shopt -s nullglob
-    for b in "$dir"/test_*; do
-        [ -f "$b" ] && [ -x "$b" ] && bins+=("$b")
+# Where the time goes: each step's wall time, printed at the end.
+step_t0=$SECONDS
+steps=()
+step_done() {
+    steps+=("$(printf '%6ds  %s' $((SECONDS - step_t0)) "$1")")
+    step_t0=$SECONDS
+}
+
+# Hang limits, each a generous base times HAKMEM_TEST_TIME_SCALE, and
+# TEST_JOBS, the programs run side by side (default: one per core).
+# shellcheck source=tests/lib.sh
+source tests/lib.sh
+# A cmocka binary prints a line as each test starts and ends: one silent for
+# this long is hung (the slowest single test, ThreadSanitizer's fork-heavy
+# ones, takes well under a minute on a quiet 2-core machine). A limit on
+# progress, not on the binary's total time, which grows with the suite.
+STALL=$(scaled_limit 600)
+
+# watch_bin B OUT [VAR=VAL...]: runs cmocka binary B in its environment plus
+# VAR=VAL, output to OUT, then writes "STATUS SECONDS" to OUT.rc; killed with
+# every process it started (its own process group) once OUT has not grown for
+# STALL seconds: status 124.
+watch_bin() {
+    local b=$1 out=$2 t0=$SECONDS size last=-1 quiet_from=$SECONDS nap=0.05 rc=0 hung=0
+    shift 2
+    setsid env "$@" "$b" </dev/null >"$out" 2>&1 &
+    local pid=$!
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep "$nap"
+        [ "$nap" = 0.5 ] || nap=$([ "$nap" = 0.05 ] && echo 0.2 || echo 0.5)
+        size=$(stat -c %s "$out" 2>/dev/null) || size=0
+        if [ "$size" != "$last" ]; then
+            last=$size
+            quiet_from=$SECONDS
+        elif [ $((SECONDS - quiet_from)) -ge "$STALL" ] && [ "$hung" -eq 0 ]; then
+            hung=1
+            kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+        fi
     done
-    if [ ${#bins[@]} -eq 0 ]; then
-        echo "FAIL no test binaries in $dir (run make tests)"
-        failed=$((failed + 1))
+    wait "$pid" || rc=$?
+    [ "$hung" -eq 0 ] || rc=124
+    echo "$rc $((SECONDS - t0))" >"$out.rc"
+}
+
+# report_bin B OUT: counts and prints the result of a finished watch_bin.
+report_bin() {
+    local b=$1 out=$2 rc secs p f summary why
+    read -r rc secs <"$out.rc"
+    # Summary lines: "[  PASSED  ] N test(s)." and "[  FAILED  ] N test(s), ..."
+    p=$(grep -oE '\[  PASSED  \] [0-9]+ test' "$out" | grep -oE '[0-9]+' | tail -n 1) || true
+    f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$out" | grep -oE '[0-9]+' | tail -n 1) || true
+    summary=1
+    if [ -z "$p" ] && [ -z "$f" ]; then
+        # No summary (crash or hang): count the tests that reported.
+        summary=0
+        p=$(count '^\[       OK \]' "$out")
+        f=$(count '^\[  FAILED  \] [^0-9]' "$out")
     fi
-    for b in "${bins[@]}"; do
-        out=$log/$(echo "$b" | tr / _).out
-        rc=0
-        timeout -k 10 600 "$b" >"$out" 2>&1 || rc=$?
-        # Summary lines: "[  PASSED  ] N test(s)." and "[  FAILED  ] N test(s), ..."
-        p=$(grep -oE '\[  PASSED  \] [0-9]+ test' "$out" | grep -oE '[0-9]+' | tail -n 1) || true
-        f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$out" | grep -oE '[0-9]+' | tail -n 1) || true
-        summary=1
-        if [ -z "$p" ] && [ -z "$f" ]; then
-            # No summary (crash or hang): count the tests that reported.
-            summary=0
-            p=$(count '^\[       OK \]' "$out")
-            f=$(count '^\[  FAILED  \] [^0-9]' "$out")
-        fi
-        p=${p:-0}
-        f=${f:-0}
-        why=
-        if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-            why="timed out"
-        elif [ "$rc" -gt 128 ]; then
-            why="crashed with signal $((rc - 128))"
-        elif [ "$summary" -eq 0 ]; then
-            why="exited $rc without a cmocka summary"
-        elif [ "$rc" -ne "$f" ]; then
-            why="exit status $rc but $f failure(s) reported"
-        fi
-        # A sanitizer's report fails the binary even if its tests passed.
-        if grep -qE 'WARNING: ThreadSanitizer|runtime error:|ERROR: AddressSanitizer' "$out"; then
-            why="${why:+$why; }sanitizer report"
-        fi
+    p=${p:-0}
+    f=${f:-0}
+    why=
+    if [ "$rc" -eq 124 ]; then
+        why="hung: no output for $STALL s, killed during $(grep -E '^\[ RUN      \]' "$out" |
+            tail -n 1 | sed 's/^\[ RUN      \] //')"
+    elif [ "$rc" -gt 128 ]; then
+        why="crashed with signal $((rc - 128))"
+    elif [ "$summary" -eq 0 ]; then
+        why="exited $rc without a cmocka summary"
+    elif [ "$rc" -ne "$f" ]; then
+        why="exit status $rc but $f failure(s) reported"
+    fi
+    # A sanitizer's report fails the binary even if its tests passed.
+    if grep -qE 'WARNING: ThreadSanitizer|runtime error:|ERROR: AddressSanitizer' "$out"; then
+        why="${why:+$why; }sanitizer report"
+    fi
+    if [ -n "$why" ]; then
+        crashed=$((crashed + 1))
+        f=$((f + 1))
+    fi
+    passed=$((passed + p))
+    failed=$((failed + f))
+    if [ "$f" -eq 0 ]; then
+        echo "PASS $b ($p tests, $secs s)"
+    else
+        echo "FAIL $b: $p passed, $f failed${why:+ ($why)}, $secs s"
+        # The failing tests and their messages, and for a crash the tail.
+        grep -E '^\[  (FAILED  |ERROR   )\]|^ERROR|WARNING: ThreadSanitizer|runtime error:' "$out" |
+            head -n 40 | sed 's/^/    /' || true
         if [ -n "$why" ]; then
-            crashed=$((crashed + 1))
-            f=$((f + 1))
+            echo "    last output:"
+            tail -n 8 "$out" | sed 's/^/    | /'
         fi
-        passed=$((passed + p))
-        failed=$((failed + f))
-        if [ "$f" -eq 0 ]; then
-            echo "PASS $b ($p tests)"
-        else
-            echo "FAIL $b: $p passed, $f failed${why:+ ($why)}"
-            # The failing tests and their messages, and for a crash the tail.
-            grep -E '^\[  (FAILED  |ERROR   )\]|^ERROR|WARNING: ThreadSanitizer|runtime error:' "$out" |
-                head -n 40 | sed 's/^/    /' || true
-            if [ -n "$why" ]; then
-                echo "    last output:"
-                tail -n 8 "$out" | sed 's/^/    | /'
-            fi
+    fi
+}
+
+# run_bins DIR:VAR=VAL,... ...: every cmocka binary DIR/test_* of each DIR,
+# in the environment after its colon, TEST_JOBS at a time; the results in a fixed
+# order, each printed as soon as it and those before it are done; at the end
+# each DIR's binaries' times added up (where the time goes).
+run_bins() {
+    local spec dir b i next=0
+    local bins=() outs=() envs=()
+    local -A secs=()
+    shopt -s nullglob
+    for spec in "$@"; do
+        dir=${spec%%:*}
+        local found=0
+        for b in "$dir"/test_*; do
+            if [ ! -f "$b" ] || [ ! -x "$b" ]; then continue; fi
+            bins+=("$b")
+            outs+=("$log/$(echo "$b" | tr / _).out")
+            envs+=("${spec#*:}")
+            found=1
+        done
+        if [ "$found" -eq 0 ]; then
+            echo "FAIL no test binaries in $dir (run make tests)"
+            failed=$((failed + 1))
         fi
+    done
+    report_next() {
+        report_bin "${bins[$next]}" "${outs[$next]}"
+        local d
+        d=$(dirname "${bins[$next]}")
+        secs[$d]=$((${secs[$d]:-0} + $(cut -d' ' -f2 "${outs[$next]}.rc")))
+        next=$((next + 1))
+    }
+    for i in "${!bins[@]}"; do
+        wait_for_slot
+        # shellcheck disable=SC2086 # VAR=VAL words
+        # (stderr: bash's own "Killed" line for a hung binary)
+        watch_bin "${bins[$i]}" "${outs[$i]}" ${envs[$i]//,/ } 2>/dev/null &
+        while [ "$next" -lt "$i" ] && [ -f "${outs[$next]}.rc" ]; do report_next; done
+    done
+    wait
+    while [ "$next" -lt "${#bins[@]}" ]; do report_next; done
+    for spec in "$@"; do
+        dir=${spec%%:*}
+        echo "    ${secs[$dir]:-0} s in the binaries of ${dir#"$log"/}"
     done
 }
 
@@ -107,9 +185,6 @@ run_script() {
 # race (exit status 66). TSan's lock-order detector is off: it cannot track
 # the 300-odd allocator locks fork's prepare handler holds (a CHECK in its
 # runtime fails past 64), and children of threaded tests start threads.
-run_bins out/tests
-UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 run_bins out/ubsan/tests
-TSAN_OPTIONS=halt_on_error=0:exitcode=66:detect_deadlocks=0:die_after_fork=0 run_bins out/tsan/tests
 # The suites of the API itself once more in checked mode (HAKMEM_CHECK=1):
 # correct use runs clean there too, bad pointers are still reported. (The
 # tiers' own suites look inside the tiers, which checked mode bypasses.)
@@ -118,7 +193,11 @@ mkdir -p "$checked_bins"
 for b in test_badptr test_fork test_config; do
     ln -s "$PWD/out/tests/$b" "$checked_bins/$b"
 done
-HAKMEM_CHECK=1 run_bins "$checked_bins"
+run_bins out/tests: \
+    out/ubsan/tests:UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    out/tsan/tests:TSAN_OPTIONS=halt_on_error=0:exitcode=66:detect_deadlocks=0:die_after_fork=0 \
+    "$checked_bins:HAKMEM_CHECK=1"
+step_done "cmocka suites (debug, ubsan, tsan, checked mode; $TEST_JOBS at a time)"
 
 # Project checks, one test each: OS calls only in the OS boundary; boxes
 # include no tier or front header; make install + pkg-config produce a
@@ -133,6 +212,7 @@ for check in tests/check_os_boundary.sh tests/check_layers.sh tests/check_instal
     else
         failed=$((failed + 1))
     fi
+    step_done "$check"
 done
 
 # Static analysis of core/: zero findings.
@@ -141,6 +221,7 @@ if tests/check_analyzer.sh; then
 else
     failed=$((failed + 1))
 fi
+step_done "static analysis"
 
 # The heap-bug programs (tests/heapbugs): every case must_catch lists is
 # caught by hakmem (and by HAKMEM_CHECK=1). One test.
@@ -149,17 +230,24 @@ if HEAPBUGS_GATE=tests/heapbugs/must_catch tests/heapbugs/run.sh; then
 else
     failed=$((failed + 1))
 fi
+step_done "heap-bug programs"
 
 # The API fuzzers, a bounded run each (FUZZ_SECONDS, default 60).
 run_script fuzz tests/fuzz/run.sh
+step_done "fuzzers"
 # Out of memory for real: programs under ulimit -v.
 run_script oom tests/oom/run.sh
-# Real programs: one test each, as reported by their PASS/FAIL lines.
-run_script real tests/real/run.sh
-# And those that make no point of speed in checked mode: correct programs run
-# clean under every check.
-echo "real programs with HAKMEM_CHECK=1:"
-HAKMEM_CHECK=1 run_script real tests/real/run.sh python sqlite git sort cxx
+step_done "out of memory"
+# Real programs: one test each, as reported by their PASS/FAIL lines. Those
+# that make no point of speed in checked mode once more there (name:check):
+# correct programs run clean under every check. The longest first.
+run_script real tests/real/run.sh redis python:check sort:check python sort git sqlite cxx \
+    git:check sqlite:check cxx:check
+step_done "real programs (and in checked mode)"
+
+echo "time by step:"
+printf '%s\n' "${steps[@]}"
+echo "$(printf '%6ds' "$SECONDS")  in all"
 
 echo "tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$crashed" -eq 0 ]

@@ -7,6 +7,7 @@
 #      crashed; they must pass now) and of the seed corpus tests/fuzz/corpus/<target>/;
 #   2. fuzz for FUZZ_SECONDS (default 60) from a temporary copy of the corpus
 #      (nothing is written into the repository), with tests/fuzz/dict.
+# The targets run side by side, TEST_JOBS at a time (default one per core).
 # One line per target: "PASS fuzz/<target>: <execs> execs in <s> s, corpus <n>"
 # or "FAIL fuzz/<target>: <reason>", the failing input copied to
 # out/fuzz/crashes/ and the first lines of the report printed. Exit status 1
@@ -16,7 +17,7 @@
 # libFuzzer process, default 300 s; longer runs are several in a row on the
 # same corpus), FUZZ_ARTIFACTS (keep libFuzzer's artifacts there instead of a
 # temporary directory), FUZZ_TARGETS (names to run, default all), FUZZ_EXTRA
-# (more libFuzzer flags).
+# (more libFuzzer flags), TEST_JOBS and HAKMEM_TEST_TIME_SCALE (tests/lib.sh).
 set -euo pipefail
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
@@ -32,10 +33,20 @@ if ! [[ $FUZZ_SECONDS =~ ^[0-9]+$ && $FUZZ_SEGMENT =~ ^[1-9][0-9]*$ ]]; then
     exit 1
 fi
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/hakmem-fuzz.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
+# shellcheck source=tests/lib.sh
+source tests/lib.sh
+# `run.sh --target TMP NAME`: one target, in a process of its own (so that
+# set -e holds in it; the script runs its targets side by side this way).
+one=
+if [[ ${1:-} == --target ]]; then
+    TMP=$2 one=$3
+else
+    TMP=$(mktemp -d "${TMPDIR:-/tmp}/hakmem-fuzz.XXXXXX")
+    trap 'rm -rf "$TMP"' EXIT
+fi
 CRASHES=$ROOT/out/fuzz/crashes
-COMMON=(-rss_limit_mb=2560 -timeout=10 -print_final_stats=1)
+# -timeout: one input running this long is a hang (inputs take milliseconds).
+COMMON=(-rss_limit_mb=2560 -timeout="$(scaled_limit 60)" -print_final_stats=1)
 # hakmem's blocks are not ASan's: leak checks would only see the harness.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -89,7 +100,10 @@ if [[ ${#targets[@]} -eq 0 ]]; then
     exit 1
 fi
 
-for name in "${targets[@]}"; do
+# fuzz_target NAME: steps 1 and 2 for one target; its PASS or FAIL line (and
+# report) on stdout, status 1 when it failed.
+fuzz_target() {
+    local name=$1 bin art log base maxlen inputs f rc bad why saved corpus dict start total failed left seg limit secs execs n
     bin=$ROOT/out/fuzz/$name
     art=${FUZZ_ARTIFACTS:-$TMP/artifacts}/$name
     mkdir -p "$art"
@@ -106,7 +120,7 @@ for name in "${targets[@]}"; do
     done
     if [[ ${#inputs[@]} -gt 0 ]]; then
         rc=0
-        timeout --kill-after=30 $((60 + ${#inputs[@]} * 10)) \
+        timeout --kill-after=30 "$(scaled_limit $((60 + ${#inputs[@]} * 10)))" \
             "$bin" "${COMMON[@]}" -artifact_prefix="$art/" "${inputs[@]}" >"$log" 2>&1 || rc=$?
         if [[ $rc -ne 0 ]]; then
             bad=$(grep -o -E "Running: [^ ]+" "$log" | tail -n1 | sed 's/Running: //' || true)
@@ -121,8 +135,7 @@ for name in "${targets[@]}"; do
             fi
             echo "FAIL fuzz/$name: $why on ${bad:-an input}; input: ${saved:-?}"
             report_head "$log"
-            fail=1
-            continue
+            return 1
         fi
     fi
 
@@ -142,15 +155,16 @@ for name in "${targets[@]}"; do
     left=$FUZZ_SECONDS
     while [[ $left -gt 0 ]]; do
         seg=$((left < FUZZ_SEGMENT ? left : FUZZ_SEGMENT))
+        limit=$(scaled_limit $((seg + 300)))
         rc=0
         # shellcheck disable=SC2086
-        timeout --kill-after=30 $((seg + 300)) \
+        timeout --kill-after=30 "$limit" \
             "$bin" "${COMMON[@]}" "${dict[@]}" -max_len="$maxlen" -max_total_time="$seg" \
             -artifact_prefix="$art/" $FUZZ_EXTRA "$corpus" >"$log" 2>&1 || rc=$?
         secs=$(($(date +%s) - start))
         if [[ $rc -ne 0 ]]; then
             if [[ $rc -eq 124 || $rc -eq 137 ]]; then
-                why="libFuzzer did not stop (killed after $((seg + 300)) s)"
+                why="libFuzzer did not stop (killed after $limit s)"
             elif grep -q -E "MODEL VIOLATION" "$log"; then
                 why="model violation"
             elif grep -q -E "ERROR: libFuzzer: (timeout|out-of-memory)" "$log"; then
@@ -174,10 +188,33 @@ for name in "${targets[@]}"; do
         left=$((FUZZ_SECONDS - secs))
     done
     if [[ $failed -ne 0 ]]; then
-        fail=1
-        continue
+        return 1
     fi
     n=$(find "$corpus" -type f | wc -l)
     echo "PASS fuzz/$name: $total execs in $(($(date +%s) - start)) s, corpus $n"
+}
+
+if [[ -n $one ]]; then
+    fuzz_target "$one"
+    exit 0
+fi
+
+# The targets side by side, TEST_JOBS at a time (each libFuzzer process is
+# one thread), their lines printed in a fixed order.
+for name in "${targets[@]}"; do
+    wait_for_slot
+    {
+        if "$0" --target "$TMP" "$name" >"$TMP/$name.report" 2>&1; then rc=0; else rc=$?; fi
+        echo "$rc" >"$TMP/$name.rc"
+    } &
+done
+wait
+for name in "${targets[@]}"; do
+    cat "$TMP/$name.report"
+    rc=$(cat "$TMP/$name.rc")
+    if [[ $rc -ne 0 ]] && ! grep -q "^FAIL fuzz/$name" "$TMP/$name.report"; then
+        echo "FAIL fuzz/$name: stopped with status $rc without saying why"
+    fi
+    [[ $rc -eq 0 ]] || fail=1
 done
 exit $fail

@@ -69,7 +69,10 @@ out=${HEAPBUGS_OUT:-$root/out/heapbugs}
 anchors=${HEAPBUGS_ANCHORS:-$root/../shared/anchors}
 hakmem_lib=${HEAPBUGS_HAKMEM:-$root/out/release/libhakmem.so}
 gate=${HEAPBUGS_GATE:-}
-export HB_TIMEOUT=${HEAPBUGS_TIMEOUT:-10}
+# A case runs in milliseconds: one past this hangs (tests/lib.sh scales it).
+# shellcheck source=tests/lib.sh
+source "$root/tests/lib.sh"
+export HB_TIMEOUT=${HEAPBUGS_TIMEOUT:-$(scaled_limit 10)}
 
 # LIB<TAB>ENVS of a known allocator name ("-": none).
 known() {

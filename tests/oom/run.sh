@@ -42,9 +42,11 @@ case $LIB in
 esac
 EXTRA_LIBS=${OOM_EXTRA_LIBS:-}
 MIN_RATIO=0.8
-# Seconds a run may take: every run here takes under 10 (glibc, a loaded
-# 2-core machine); one that takes longer hangs.
-SECS=30
+# Seconds a run may take (tests/lib.sh): every run here takes under 10
+# (glibc, a loaded 2-core machine); one that takes far longer hangs.
+# shellcheck source=tests/lib.sh
+source "$ROOT/tests/lib.sh"
+SECS=$(scaled_limit 150)
 export LC_ALL=C
 # Stats lines start with `hakmem:` too, and would read as diagnostics.
 unset HAKMEM_STATS
@@ -287,7 +289,7 @@ done
 # ~35 MB of 1M random lines, and a file whose first line alone (64 MiB) is
 # bigger than the address space a 60000 KiB limit leaves.
 AWK=$(command -v gawk || command -v awk)
-timeout 60 "$AWK" 'BEGIN {
+timeout "$(scaled_limit 600)" "$AWK" 'BEGIN {
     srand(7)
     for (i = 0; i < 1000000; i++)
         printf "%08x %d w%05d %.4f\n", int(rand() * 4294967295), int(rand() * 1e9),
@@ -298,7 +300,7 @@ timeout 60 "$AWK" 'BEGIN {
     printf '\nb\na\n'
 } >"$TMP/long.txt"
 mkdir -p "$TMP/sorttmp"
-reference() { timeout 60 sort --parallel=1 -T "$TMP/sorttmp" "$1" | sha256sum | cut -d' ' -f1; }
+reference() { timeout "$(scaled_limit 600)" sort --parallel=1 -T "$TMP/sorttmp" "$1" | sha256sum | cut -d' ' -f1; }
 LINES_REF=$(reference "$TMP/lines.txt")
 LONG_REF=$(reference "$TMP/long.txt")
 

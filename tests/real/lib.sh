@@ -11,6 +11,8 @@ case $LIB in
 esac
 # shellcheck disable=SC2034 # used by the scripts that source this file
 HERE=$ROOT/tests/real
+# shellcheck source=tests/lib.sh
+source "$ROOT/tests/lib.sh"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/hakmem-real-$NAME.XXXXXX")
 cleanup_hooks=()
@@ -51,9 +53,11 @@ require_lib() {
 }
 
 # run_case MODE OUT ERR SECONDS CMD...: runs CMD (MODE=plain or hakmem) under
-# `timeout`, stdout to OUT and stderr to ERR; returns the exit status.
+# `timeout` (SECONDS scaled, tests/lib.sh), stdout to OUT and stderr to
+# ERR; returns the exit status.
 run_case() {
-    local mode=$1 out=$2 err=$3 secs=$4
+    local mode=$1 out=$2 err=$3 secs
+    secs=$(scaled_limit "$4")
     shift 4
     local rc=0
     if [ "$mode" = hakmem ]; then

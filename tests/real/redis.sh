@@ -23,7 +23,9 @@ for p in $(seq 16379 16399); do
     fi
 done
 [ -n "$PORT" ] || fail "no free port in 16379-16399"
-cli() { timeout 30 redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
+cli() { timeout "$(scaled_limit 60)" redis-cli -h 127.0.0.1 -p "$PORT" "$@"; }
+# Waits for a server to come up or go: a hang only past this.
+WAIT=$(scaled_limit 60)
 
 PID=
 kill_server() {
@@ -39,7 +41,8 @@ LD_PRELOAD=$LIB redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendo
 PID=$!
 
 up=
-for _ in $(seq 1 100); do
+t0=$SECONDS
+while [ $((SECONDS - t0)) -lt "$WAIT" ]; do
     kill -0 "$PID" 2>/dev/null || break
     if [ "$(cli ping 2>/dev/null)" = PONG ]; then
         up=1
@@ -51,7 +54,7 @@ done
 grep -q libhakmem "/proc/$PID/maps" || fail "libhakmem not mapped in redis-server"
 
 rc=0
-timeout 120 redis-benchmark -h 127.0.0.1 -p "$PORT" -n 100000 -q >"$TMP/bench.out" 2>&1 || rc=$?
+timeout "$(scaled_limit 900)" redis-benchmark -h 127.0.0.1 -p "$PORT" -n 100000 -q >"$TMP/bench.out" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || fail "redis-benchmark: $(describe_rc "$rc")"
 n=$(tr '\r' '\n' <"$TMP/bench.out" | grep -c 'requests per second') || true
 [ "$n" -ge 10 ] || fail "redis-benchmark printed only $n results"
@@ -79,11 +82,12 @@ for i in $(seq 1 20); do cli append grow "$(head -c 50000 "$TMP/big.val")" >/dev
 
 # Clean shutdown: the server must exit 0, not die from a signal.
 cli shutdown nosave >/dev/null 2>&1 || true
-for _ in $(seq 1 100); do
+t0=$SECONDS
+while [ $((SECONDS - t0)) -lt "$WAIT" ]; do
     kill -0 "$PID" 2>/dev/null || break
     sleep 0.1
 done
-kill -0 "$PID" 2>/dev/null && fail "server still running 10 s after SHUTDOWN NOSAVE"
+kill -0 "$PID" 2>/dev/null && fail "server still running $WAIT s after SHUTDOWN NOSAVE"
 st=0
 wait "$PID" || st=$?
 PID=

@@ -11,7 +11,7 @@ export LC_ALL=C
 AWK=$(command -v gawk || command -v awk)
 
 # ~1.6M lines of "word number word number": generated once, read by both runs.
-timeout 120 "$AWK" 'BEGIN {
+timeout "$(scaled_limit 600)" "$AWK" 'BEGIN {
     srand(42)
     for (i = 0; i < 1600000; i++)
         printf "w%06d %d x%05d %.3f\n", int(rand() * 200000), int(rand() * 1000000000),
@@ -30,7 +30,7 @@ sorts() {
 }
 for mode in plain hakmem; do
     rc=0
-    run_case "$mode" "$TMP/$mode.out" "$TMP/$mode.err" 120 \
+    run_case "$mode" "$TMP/$mode.out" "$TMP/$mode.err" 600 \
         bash -c "$(declare -f sorts); sorts $TMP/in.txt" || rc=$?
     [ "$rc" -eq 0 ] || fail "$mode run: $(describe_rc "$rc"): $(last_err "$TMP/$mode.err")"
 done
