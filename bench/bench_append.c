@@ -14,7 +14,10 @@
  * class and tier edge on the way, so an allocator that ties freed memory to
  * one size class needs much more than the live set.
  *
- * One op is one append (a realloc and the write of STEP bytes).
+ * One op is one append (a realloc and the write of STEP bytes). With a time
+ * budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is one round, since an
+ * append costs more as its buffer grows (an allocator that copies copies
+ * more): the loop stops at the first round after the budget is spent.
  *
  * Output (stdout): a parameter line, then bench/run.sh's Throughput, Peak RSS
  * and Page faults lines. */
@@ -45,6 +48,7 @@ int main(int argc, char **argv) {
     if (bench_env_u64(prog, "HAKMEM_BENCH_MAX_SIZE", 65536, 1, (uint64_t)1 << 40, &max_size) ||
         bench_env_u64(prog, "HAKMEM_BENCH_STEP", 16, 1, (uint64_t)1 << 30, &step))
         return 2;
+    if (bench_budget_init(prog)) return 2;
     printf("append: rounds=%" PRIu64 " buffers=%" PRIu64 " seed=%" PRIu64 " max_size=%" PRIu64
            " step=%" PRIu64 "\n",
            rounds, nbuf, seed, max_size, step);
@@ -56,7 +60,9 @@ int main(int argc, char **argv) {
     uint64_t rng = seed, ops = 0, check_sum = 0;
 
     double t0 = bench_now();
-    for (uint64_t r = 0; r < rounds; r++) {
+    bench_budget_start();
+    uint64_t r;
+    for (r = 0; bench_more(r, rounds); r++) {
         uint64_t full = 0, b = 0;
         while (full < nbuf) {
             uint64_t x = bench_rng_next(&rng);
@@ -89,6 +95,6 @@ int main(int argc, char **argv) {
     }
     double elapsed = bench_now() - t0;
 
-    bench_report(ops, elapsed, check_sum);
+    bench_report(ops, elapsed, check_sum, r, rounds, "rounds");
     return 0;
 }

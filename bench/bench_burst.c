@@ -16,7 +16,11 @@
  * record shape, then another). Each block's first and last bytes and a byte
  * per page are checked before it is freed.
  *
- * One op is one block allocated, written, checked and freed.
+ * One op is one block allocated, written, checked and freed. With a time
+ * budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is a pair of rounds (one
+ * of each set of sizes: a round alone is either the first, on fresh memory,
+ * or one that follows the other set), so the loop stops at the first even
+ * round after the budget is spent, having done two rounds at least.
  *
  * Output (stdout): a parameter line, then bench/run.sh's Throughput, Peak RSS
  * and Page faults lines (peak RSS is the figure of interest). */
@@ -39,6 +43,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: HAKMEM_BENCH_MAX_SIZE <= HAKMEM_BENCH_MIN_SIZE\n", prog);
         return 2;
     }
+    if (bench_budget_init(prog)) return 2;
     printf("burst: rounds=%" PRIu64 " mib=%" PRIu64 " seed=%" PRIu64 " min_size=%" PRIu64
            " max_size=%" PRIu64 "\n",
            rounds, mib, seed, min_size, max_size);
@@ -52,7 +57,11 @@ int main(int argc, char **argv) {
     double lmin = log2((double)min_size), lmax = log2((double)max_size);
 
     double t0 = bench_now();
-    for (uint64_t r = 0; r < rounds; r++) {
+    bench_budget_start();
+    const uint64_t pairs = (rounds + 1) / 2; /* an odd count ends with a lone round */
+    uint64_t r;
+    /* The budget is asked before each pair: an odd round completes its pair. */
+    for (r = 0; r < rounds && (r % 2 == 1 || bench_more(r / 2, pairs)); r++) {
         uint64_t n = 0, bytes = 0;
         unsigned char tag = (unsigned char)(r * 29 + 7);
         while (bytes < target && n < cap) {
@@ -88,6 +97,6 @@ int main(int argc, char **argv) {
     }
     double elapsed = bench_now() - t0;
 
-    bench_report(ops, elapsed, check_sum);
+    bench_report(ops, elapsed, check_sum, (r + 1) / 2, pairs, "pairs of rounds");
     return 0;
 }

@@ -9,7 +9,9 @@
  * so the timed loop does no random-number work. One op is one malloc+free
  * pair; `iters` pairs are done in total (the last round may be short). The
  * first byte is checked before each free, so gross heap corruption is detected
- * (exit status 1, no Throughput line). Only the loop is timed.
+ * (exit status 1, no Throughput line). Only the loop is timed. With a time
+ * budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is one round: the loop
+ * stops at the first round after the budget is spent.
  *
  * Output (stdout):
  *   fixed_size: iters=... size=... seed=... batch=...
@@ -51,6 +53,7 @@ int main(int argc, char **argv) {
         bench_parse_u64("bench_fixed_size", b, "HAKMEM_BENCH_BATCH", 1, 1u << 24, &batch))
         return 2;
     if (batch > iters) batch = iters;
+    if (bench_budget_init("bench_fixed_size")) return 2;
 
     printf("fixed_size: iters=%" PRIu64 " size=%" PRIu64 " seed=%" PRIu64 " batch=%" PRIu64 "\n",
            iters, size, seed, batch);
@@ -59,6 +62,7 @@ int main(int argc, char **argv) {
     const uint32_t nb = (uint32_t)batch;
     const uint64_t rounds = iters / nb;
     const uint32_t tail = (uint32_t)(iters % nb);
+    const uint64_t units = rounds + (tail > 0); /* the rounds, the short one included */
     unsigned char **blk = malloc(nb * sizeof *blk);
     uint32_t *perms = malloc((size_t)(NPERM + 1) * nb * sizeof *perms);
     if (blk == NULL || perms == NULL) {
@@ -71,9 +75,10 @@ int main(int argc, char **argv) {
     uint32_t *tail_perm = perms + (size_t)NPERM * nb;
     make_perm(&rng_state, tail_perm, tail);
 
-    uint64_t check = 0;
+    uint64_t check = 0, pairs = 0, r;
     double t0 = bench_now();
-    for (uint64_t r = 0; r <= rounds; r++) {
+    bench_budget_start();
+    for (r = 0; bench_more(r, units); r++) {
         uint32_t n = r < rounds ? nb : tail;
         const uint32_t *perm = r < rounds ? perms + (size_t)(r % NPERM) * nb : tail_perm;
         for (uint32_t j = 0; j < n; j++) {
@@ -96,12 +101,13 @@ int main(int argc, char **argv) {
             check += p[0];
             free(p);
         }
+        pairs += n;
     }
     double elapsed = bench_now() - t0;
 
     free(blk);
     free(perms);
 
-    bench_report(iters, elapsed, check);
+    bench_report(pairs, elapsed, check, r, units, "rounds");
     return 0;
 }

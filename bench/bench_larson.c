@@ -20,10 +20,18 @@
  * round the main thread frees what is left (untimed).
  *
  * One op is one free+malloc step; the run does threads * rounds * STEPS ops,
- * a number fixed by the arguments. Throughput is over the wall time from the
- * start of round 0 to the end of the last round (all threads), so it includes
- * the waits at the per-round barriers: a thread that falls behind holds up the
- * others, as in a server whose batches must all complete.
+ * a number fixed by the arguments (unless a time budget stops it: below).
+ * Throughput is over the wall time from the start of round 0 to the end of
+ * the last round (all threads), so it includes the waits at the per-round
+ * barriers: a thread that falls behind holds up the others, as in a server
+ * whose batches must all complete.
+ *
+ * With a time budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is one
+ * round: the last thread to reach a round's barrier decides for all whether
+ * the next round is done (so they all stop after the same round, the first to
+ * end after the budget is spent), and the run does threads * (rounds done) *
+ * STEPS ops. The single-thread run takes the same path (the barrier with one
+ * thread), so no thread is added to it.
  *
  * Each chunk carries its own PRNG, seeded from `seed` and the chunk number, so
  * the sizes, slots and tags depend only on the arguments, not on the thread
@@ -61,11 +69,15 @@ struct chunk {
  * round is short and a futex wake-up would cost as much as many steps. The
  * arrivals' writes happen-before the last arrival's fetch_add (a release
  * sequence on `count`), which publishes them to the waiters through the
- * release store of `gen`; so the chunks change hands without a data race. */
+ * release store of `gen`; so the chunks change hands without a data race,
+ * and so does `more`, which the last arrival writes before that store and
+ * the others read after it (it is not written again before they all arrive
+ * at the next barrier). */
 struct spin_barrier {
     _Alignas(64) atomic_uint count; /* arrivals in this generation */
     atomic_uint gen;                /* bumped by the last arrival */
     unsigned n;
+    bool more; /* the last arrival's decision: is there a next round? */
 };
 
 static inline void cpu_relax(void) {
@@ -74,13 +86,16 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void spin_barrier_wait(struct spin_barrier *b) {
+/* Wait for all the threads to have done `done` rounds; whether they go on to
+ * round `done` (bench_more, asked once for all by the last arrival). */
+static bool spin_barrier_wait(struct spin_barrier *b, uint64_t done, uint64_t planned) {
     /* `gen` cannot move on before this thread arrives, so g is current. */
     unsigned g = atomic_load_explicit(&b->gen, memory_order_relaxed);
     if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) + 1 == b->n) {
+        b->more = bench_more(done, planned);
         atomic_store_explicit(&b->count, 0, memory_order_relaxed);
         atomic_store_explicit(&b->gen, g + 1, memory_order_release);
-        return;
+        return b->more;
     }
     for (unsigned spins = 0; atomic_load_explicit(&b->gen, memory_order_acquire) == g; spins++) {
         if (spins < 2000)
@@ -88,11 +103,12 @@ static void spin_barrier_wait(struct spin_barrier *b) {
         else
             sched_yield(); /* more threads than CPUs, or a preempted peer */
     }
+    return b->more;
 }
 
 static struct chunk *chunks;
 static uint32_t nthreads, chunk_slots, steps;
-static uint64_t rounds, min_size, span;
+static uint64_t rounds, rounds_done, min_size, span;
 static pthread_barrier_t edge_barrier;    /* main + workers: start and end of the timed phase */
 static struct spin_barrier round_barrier; /* workers: end of each round */
 
@@ -109,7 +125,8 @@ static void release_slot(struct chunk *c, uint32_t k) {
 static void *worker(void *arg) {
     const uint32_t id = (uint32_t)(uintptr_t)arg;
     pthread_barrier_wait(&edge_barrier);
-    for (uint64_t r = 0; r < rounds; r++) {
+    uint64_t r = 0;
+    do {
         struct chunk *c = &chunks[(id + r) % nthreads];
         /* Work on locals: the tag stores could alias the chunk's fields. */
         unsigned char **blk = c->blk;
@@ -132,8 +149,9 @@ static void *worker(void *arg) {
         }
         c->rng = rng;
         c->check = check;
-        if (r + 1 < rounds) spin_barrier_wait(&round_barrier);
-    }
+        r++;
+    } while (r < rounds && spin_barrier_wait(&round_barrier, r, rounds));
+    if (id == 0) rounds_done = r; /* the same in every thread */
     pthread_barrier_wait(&edge_barrier);
     return NULL;
 }
@@ -172,7 +190,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_larson: threads * rounds * steps overflows\n");
         return 2;
     }
-    const uint64_t ops = threads * rounds * steps;
+    if (bench_budget_init("bench_larson")) return 2;
 
     printf("larson: threads=%" PRIu64 " rounds=%" PRIu64 " chunk=%" PRIu64 " steps=%" PRIu64
            " seed=%" PRIu64 " min_size=%" PRIu64 " max_size=%" PRIu64 "\n",
@@ -223,6 +241,7 @@ int main(int argc, char **argv) {
     }
     pthread_barrier_wait(&edge_barrier);
     double t0 = bench_now();
+    bench_budget_start();
     pthread_barrier_wait(&edge_barrier);
     double elapsed = bench_now() - t0;
     for (uint32_t t = 0; t < nthreads; t++)
@@ -242,6 +261,6 @@ int main(int argc, char **argv) {
     free(chunks);
     free(tid);
 
-    bench_report(ops, elapsed, check);
+    bench_report(threads * rounds_done * steps, elapsed, check, rounds_done, rounds, "rounds");
     return 0;
 }

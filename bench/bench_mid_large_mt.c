@@ -18,6 +18,9 @@
  * One op is one free+malloc step; a run does threads * iters ops (`iters` is
  * per thread). Throughput is over the wall time from the start barrier to the
  * moment the last worker finishes (an end barrier), all threads together.
+ * With a time budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is one
+ * step: each worker stops at its first step after the budget is spent (the
+ * flag they all read), and the run counts the steps they did.
  *
  * Each thread has its own PRNG, seeded from `seed` and the thread number, so
  * the sizes, slots and tags depend only on the arguments, not on the schedule.
@@ -39,6 +42,7 @@
 struct worker_state {
     _Alignas(64) uint64_t rng;
     uint64_t check; /* sum of tag + size of the blocks this worker freed */
+    uint64_t done;  /* its timed steps */
 };
 
 static uint64_t iters, ws, min_size, span;
@@ -65,7 +69,8 @@ static void *worker(void *arg) {
     }
 
     pthread_barrier_wait(&edge_barrier);
-    for (uint64_t i = 0; i < iters; i++) {
+    uint64_t done;
+    for (done = 0; bench_more(done, iters); done++) {
         uint64_t x = bench_rng_next(&rng);
         uint64_t k = bench_bounded((uint32_t)(x >> 32), ws);
         uint32_t n = (uint32_t)(min_size + bench_bounded((uint32_t)x, span));
@@ -92,6 +97,7 @@ static void *worker(void *arg) {
     free(tags);
     w->rng = rng;
     w->check = check;
+    w->done = done;
     return NULL;
 }
 
@@ -127,9 +133,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_mid_large_mt: threads * iters overflows\n");
         return 2;
     }
+    if (bench_budget_init("bench_mid_large_mt")) return 2;
     nthreads = (uint32_t)threads;
     span = max_size - min_size + 1; /* <= 2^32 */
-    const uint64_t ops = threads * iters;
 
     printf("mid_large_mt: threads=%" PRIu64 " iters=%" PRIu64 " ws=%" PRIu64 " seed=%" PRIu64
            " min_size=%" PRIu64 " max_size=%" PRIu64 "\n",
@@ -157,18 +163,20 @@ int main(int argc, char **argv) {
     }
     pthread_barrier_wait(&edge_barrier);
     double t0 = bench_now();
+    bench_budget_start();
     pthread_barrier_wait(&edge_barrier);
     double elapsed = bench_now() - t0;
 
-    uint64_t check = 0;
+    uint64_t check = 0, ops = 0;
     for (uint32_t t = 0; t < nthreads; t++) {
         pthread_join(tid[t], NULL);
         check += st[t].check;
+        ops += st[t].done;
     }
     pthread_barrier_destroy(&edge_barrier);
     free(st);
     free(tid);
 
-    bench_report(ops, elapsed, check);
+    bench_report(ops, elapsed, check, ops, threads * iters, "steps");
     return 0;
 }

@@ -9,7 +9,9 @@
  * free+malloc step. The first and last byte of every block are written with a
  * per-block tag and checked again before the block is freed, so pages are really touched,
  * the compiler cannot drop the work, and gross heap corruption is detected
- * (exit status 1, no Throughput line). Only the loop is timed.
+ * (exit status 1, no Throughput line). Only the loop is timed. With a time
+ * budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is one step: the loop
+ * stops at the first step after the budget is spent.
  *
  * Output (stdout):
  *   random_mixed: iters=... ws=... seed=... min_size=... max_size=...
@@ -60,6 +62,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_random_mixed: HAKMEM_BENCH_MAX_SIZE < HAKMEM_BENCH_MIN_SIZE\n");
         return 2;
     }
+    if (bench_budget_init("bench_random_mixed")) return 2;
     const uint64_t span = max_size - min_size + 1; /* <= 2^32 */
 
     printf("random_mixed: iters=%" PRIu64 " ws=%" PRIu64 " seed=%" PRIu64 " min_size=%" PRIu64
@@ -85,7 +88,9 @@ int main(int argc, char **argv) {
     }
 
     double t0 = bench_now();
-    for (uint64_t i = 0; i < iters; i++) {
+    bench_budget_start();
+    uint64_t done;
+    for (done = 0; bench_more(done, iters); done++) {
         uint64_t r = bench_rng_next(&rng_state);
         uint64_t k = bench_bounded((uint32_t)(r >> 32), ws);
         uint32_t n = (uint32_t)(min_size + bench_bounded((uint32_t)r, span));
@@ -118,6 +123,6 @@ int main(int argc, char **argv) {
     free(len);
     free(tags);
 
-    bench_report(iters, elapsed, check);
+    bench_report(done, elapsed, check, done, iters, "steps");
     return 0;
 }

@@ -19,6 +19,9 @@
  *
  * One op is one realloc; a run does iters * (reallocs per iteration) ops
  * (the malloc and free of each iteration are timed too, but not counted).
+ * With a time budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is one
+ * whole iteration, since the cost of a realloc depends on its size: the loop
+ * stops at the first iteration after the budget is spent.
  *
  * Output (stdout):
  *   realloc_growth: iters=... seed=... min_size=... max_size=... reallocs_per_iter=...
@@ -67,6 +70,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_realloc_growth: HAKMEM_BENCH_MAX_SIZE <= HAKMEM_BENCH_MIN_SIZE\n");
         return 2;
     }
+    if (bench_budget_init("bench_realloc_growth")) return 2;
 
     /* The size sequence, the same every iteration. */
     uint64_t sizes[MAX_STEPS + 1];
@@ -88,7 +92,9 @@ int main(int argc, char **argv) {
 
     uint64_t rng = seed, check = 0;
     double t0 = bench_now();
-    for (uint64_t i = 0; i < iters; i++) {
+    bench_budget_start();
+    uint64_t done;
+    for (done = 0; bench_more(done, iters); done++) {
         /* p[0] = tag, and the last byte of part k (offset sizes[k] - 1) =
          * tag + k + 1: distinct offsets, since the sizes strictly increase
          * and sizes[0] >= 2. */
@@ -121,6 +127,6 @@ int main(int argc, char **argv) {
     }
     double elapsed = bench_now() - t0;
 
-    bench_report(iters * steps, elapsed, check);
+    bench_report(done * steps, elapsed, check, done, iters, "iterations");
     return 0;
 }

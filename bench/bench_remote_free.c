@@ -23,7 +23,10 @@
  *
  * One op is one block transferred (a malloc on the producer and a remote free
  * on the consumer). Throughput is over the wall time from the start of
- * production until the consumer has freed the last block.
+ * production until the consumer has freed the last block. With a time budget
+ * (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is one block: the producer
+ * stops at its first block after the budget is spent and publishes how many
+ * it made (`end`), and the consumer stops when it has freed that many.
  *
  * Output (stdout):
  *   remote_free: iters=... seed=... min_size=... max_size=... queue=...
@@ -45,6 +48,10 @@ static struct {
     _Alignas(64) atomic_size_t head; /* next slot the consumer empties (published) */
     _Alignas(64) unsigned char **slot;
     size_t mask;
+    /* The number of blocks made, once the producer is done (SIZE_MAX
+     * before); stored after the last tail, so a consumer that has caught up
+     * with the tail and reads it has freed them all. */
+    atomic_size_t end;
 } ring;
 
 static uint64_t iters, seed, min_size, span;
@@ -77,15 +84,17 @@ static void *consumer(void *arg) {
     uint64_t rng = seed, check = 0;
     size_t head = 0, tail_seen = 0, unpublished = 0;
     pthread_barrier_wait(&start_barrier);
-    for (uint64_t i = 0; i < iters; i++) {
+    for (;;) {
         if (head == tail_seen) {
             unsigned spins = 0;
             if (unpublished) { /* let the producer reuse what we took */
                 atomic_store_explicit(&ring.head, head, memory_order_release);
                 unpublished = 0;
             }
-            while ((tail_seen = atomic_load_explicit(&ring.tail, memory_order_acquire)) == head)
+            while ((tail_seen = atomic_load_explicit(&ring.tail, memory_order_acquire)) == head) {
+                if (atomic_load_explicit(&ring.end, memory_order_acquire) == head) goto done;
                 backoff(&spins);
+            }
         }
         unsigned char *p = ring.slot[head & ring.mask];
         head++;
@@ -104,6 +113,7 @@ static void *consumer(void *arg) {
         check += tag + n;
         free(p);
     }
+done:
     consumer_check = check;
     return NULL;
 }
@@ -135,6 +145,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_remote_free: HAKMEM_BENCH_QUEUE must be a power of two\n");
         return 2;
     }
+    if (bench_budget_init("bench_remote_free")) return 2;
     span = max_size - min_size + 1; /* <= 2^32 */
 
     printf("remote_free: iters=%" PRIu64 " seed=%" PRIu64 " min_size=%" PRIu64 " max_size=%" PRIu64
@@ -150,6 +161,7 @@ int main(int argc, char **argv) {
     ring.mask = queue - 1;
     atomic_init(&ring.tail, 0);
     atomic_init(&ring.head, 0);
+    atomic_init(&ring.end, SIZE_MAX);
 
     pthread_t tid;
     if (pthread_barrier_init(&start_barrier, NULL, 2) != 0) {
@@ -166,7 +178,9 @@ int main(int argc, char **argv) {
     size_t tail = 0, head_seen = 0, unpublished = 0;
     pthread_barrier_wait(&start_barrier);
     double t0 = bench_now();
-    for (uint64_t i = 0; i < iters; i++) {
+    bench_budget_start();
+    uint64_t done;
+    for (done = 0; bench_more(done, iters); done++) {
         uint32_t n;
         unsigned char tag;
         next_block(&rng, &n, &tag);
@@ -195,12 +209,13 @@ int main(int argc, char **argv) {
         }
     }
     atomic_store_explicit(&ring.tail, tail, memory_order_release);
+    atomic_store_explicit(&ring.end, tail, memory_order_release);
     pthread_join(tid, NULL);
     double elapsed = bench_now() - t0;
 
     pthread_barrier_destroy(&start_barrier);
     free(ring.slot);
 
-    bench_report(iters, elapsed, consumer_check);
+    bench_report(done, elapsed, consumer_check, done, iters, "blocks");
     return 0;
 }

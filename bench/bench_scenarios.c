@@ -27,7 +27,9 @@
  * strings, also after each realloc: the bytes written before must survive);
  * a mismatch (heap corruption) ends the run with status 1 and no Throughput
  * line. Only the `iters` ops are timed; the rings are filled before and
- * emptied after. Sizes, lengths and tags come from the seeded PRNG.
+ * emptied after. Sizes, lengths and tags come from the seeded PRNG. With a
+ * time budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is one op: the loop
+ * stops at the first op after the budget is spent.
  *
  * Output (stdout):
  *   scenario: name=... iters=... seed=...
@@ -125,17 +127,22 @@ static uint64_t string_free(struct str *s) {
     return s->tag + n;
 }
 
-static double run_string(uint64_t iters, uint64_t *rng, uint64_t *check) {
+/* The scenarios' timed loops: `iters` ops at most (the number done in *done),
+ * from the seeded PRNG `rng`, adding to *check; each returns its time. */
+static double run_string(uint64_t iters, uint64_t *done, uint64_t *rng, uint64_t *check) {
     struct str ring[STRING_RING];
     for (int i = 0; i < STRING_RING; i++)
         string_build(rng, &ring[i]);
     double t0 = bench_now();
-    for (uint64_t i = 0; i < iters; i++) {
+    bench_budget_start();
+    uint64_t i;
+    for (i = 0; bench_more(i, iters); i++) {
         struct str *s = &ring[i % STRING_RING];
         *check += string_free(s);
         string_build(rng, s);
     }
     double elapsed = bench_now() - t0;
+    *done = i;
     for (int i = 0; i < STRING_RING; i++)
         *check += string_free(&ring[i]);
     return elapsed;
@@ -187,11 +194,15 @@ static uint64_t json_doc(uint64_t *rng) {
     return check + tag;
 }
 
-static double run_json(uint64_t iters, uint64_t *rng, uint64_t *check) {
+static double run_json(uint64_t iters, uint64_t *done, uint64_t *rng, uint64_t *check) {
     double t0 = bench_now();
-    for (uint64_t i = 0; i < iters; i++)
+    bench_budget_start();
+    uint64_t i;
+    for (i = 0; bench_more(i, iters); i++)
         *check += json_doc(rng);
-    return bench_now() - t0;
+    double elapsed = bench_now() - t0;
+    *done = i;
+    return elapsed;
 }
 
 /* ---- mir --------------------------------------------------------------------- */
@@ -210,7 +221,7 @@ static uint64_t mir_free(unsigned char *p, unsigned char tag) {
     return tag;
 }
 
-static double run_mir(uint64_t iters, uint64_t *rng, uint64_t *check) {
+static double run_mir(uint64_t iters, uint64_t *done, uint64_t *rng, uint64_t *check) {
     unsigned char *ring[MIR_RING];
     unsigned char tags[MIR_RING];
     for (int i = 0; i < MIR_RING; i++) {
@@ -218,13 +229,16 @@ static double run_mir(uint64_t iters, uint64_t *rng, uint64_t *check) {
         ring[i] = mir_alloc(tags[i]);
     }
     double t0 = bench_now();
-    for (uint64_t i = 0; i < iters; i++) {
+    bench_budget_start();
+    uint64_t i;
+    for (i = 0; bench_more(i, iters); i++) {
         unsigned k = (unsigned)(i % MIR_RING);
         *check += mir_free(ring[k], tags[k]);
         tags[k] = (unsigned char)(bench_rng_next(rng) >> 32);
         ring[k] = mir_alloc(tags[k]);
     }
     double elapsed = bench_now() - t0;
+    *done = i;
     for (int i = 0; i < MIR_RING; i++)
         *check += mir_free(ring[i], tags[i]);
     return elapsed;
@@ -239,7 +253,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (argc > 1) scenario = argv[1];
-    double (*run)(uint64_t, uint64_t *, uint64_t *);
+    double (*run)(uint64_t, uint64_t *, uint64_t *, uint64_t *);
     if (strcmp(scenario, "string") == 0)
         run = run_string;
     else if (strcmp(scenario, "json") == 0)
@@ -255,12 +269,13 @@ int main(int argc, char **argv) {
         return 2;
     if (argc > 3 && bench_parse_u64("bench_scenarios", argv[3], "seed", 0, UINT64_MAX, &seed))
         return 2;
+    if (bench_budget_init("bench_scenarios")) return 2;
 
     printf("scenario: name=%s iters=%" PRIu64 " seed=%" PRIu64 "\n", scenario, iters, seed);
     fflush(stdout);
 
-    uint64_t rng = seed, check = 0;
-    double elapsed = run(iters, &rng, &check);
-    bench_report(iters, elapsed, check);
+    uint64_t rng = seed, check = 0, done;
+    double elapsed = run(iters, &done, &rng, &check);
+    bench_report(done, elapsed, check, done, iters, "ops");
     return 0;
 }

@@ -1,17 +1,21 @@
 /* Helpers shared by the bench_*.c programs: a seeded PRNG, argument and
- * environment parsing, timing, and the common report lines. Header-only so
- * each bench stays one self-contained program. */
+ * environment parsing, timing, the time budget, and the common report lines.
+ * Header-only so each bench stays one self-contained program. */
 #ifndef BENCH_UTIL_H
 #define BENCH_UTIL_H
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,6 +94,76 @@ static inline double bench_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The time budget of a run: HAKMEM_BENCH_BUDGET seconds (a decimal; unset,
+ * empty or 0: none). bench/run.sh gives every run the same budget, so that a
+ * baseline that is hundreds of times slower than the others on one workload
+ * (mimalloc copying a buffer grown to 64 MiB) costs seconds, not minutes.
+ * Each bench counts its work in units whose rate stands for the whole run's
+ * (a realloc_growth iteration, a large_churn replacement, a larson round,
+ * ...), calls bench_budget_start() where its timed phase starts and
+ * bench_more() before each unit, so it stops at the first unit boundary after
+ * the budget is spent, then reports its rate over the units done and a
+ * Bounded line (bench_report).
+ *
+ * A one-shot ITIMER_REAL sets a flag from its SIGALRM handler, so the loops
+ * read a variable instead of the clock (a clock read per op would cost more
+ * than some ops) and no thread is added (glibc's malloc changes its fast
+ * paths once a process has a second thread). SA_RESTART: the one signal
+ * makes no system call of the bench or of the allocator fail with EINTR. */
+static atomic_bool bench_budget_flag; /* lock-free: safe to store in a handler */
+static double bench_budget_s;         /* 0: no budget */
+static char bench_budget_text[32];    /* as given, for the Bounded line */
+
+static void bench_budget_alarm(int sig) {
+    (void)sig;
+    atomic_store_explicit(&bench_budget_flag, true, memory_order_relaxed);
+}
+
+/* Read HAKMEM_BENCH_BUDGET; 2 with a message naming `prog` when it is not a
+ * number of seconds in [0, 1e6], else 0. Call it with the other arguments,
+ * before any work. */
+static inline int bench_budget_init(const char *prog) {
+    const char *s = getenv("HAKMEM_BENCH_BUDGET");
+    if (s == NULL || s[0] == '\0') return 0;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end != '\0' || !isfinite(v) || v < 0 || v > 1e6 ||
+        strlen(s) >= sizeof bench_budget_text) {
+        fprintf(stderr, "%s: invalid HAKMEM_BENCH_BUDGET '%s' (want seconds, 0..1e6)\n", prog, s);
+        return 2;
+    }
+    bench_budget_s = v;
+    strcpy(bench_budget_text, s);
+    return 0;
+}
+
+/* Start the budget's clock (with the timed phase). */
+static inline void bench_budget_start(void) {
+    if (bench_budget_s <= 0) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = bench_budget_alarm;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    time_t whole = (time_t)bench_budget_s;
+    struct itimerval it = {
+        .it_value = {.tv_sec = whole,
+                     .tv_usec = (suseconds_t)((bench_budget_s - (double)whole) * 1e6)}};
+    if (it.it_value.tv_sec == 0 && it.it_value.tv_usec == 0) it.it_value.tv_usec = 1;
+    if (sigaction(SIGALRM, &sa, NULL) != 0 || setitimer(ITIMER_REAL, &it, NULL) != 0) {
+        perror("bench: budget timer");
+        exit(1);
+    }
+}
+
+/* Whether to do unit `done` (counting from 0) of `planned`: not when all are
+ * done, nor once the budget is spent, except the first (a rate needs one). */
+static inline bool bench_more(uint64_t done, uint64_t planned) {
+    return done < planned &&
+           (done == 0 || !atomic_load_explicit(&bench_budget_flag, memory_order_relaxed));
+}
+
 /* Tagged blocks, for the benches whose threads share no state: a block of n
  * bytes whose first and last byte are `tag`, checked before it is freed. A
  * failure ends the process at once (_exit: other threads may be mid-loop),
@@ -126,15 +200,22 @@ bad:
 }
 
 /* The lines bench/run.sh reads: throughput of `ops` in `elapsed` seconds,
- * peak RSS and the page faults of the whole run; with HAKMEM_BENCH_CHECK=1 also the run's checksum
- * on stderr (it depends only on the parameters, so it shows a run is deterministic). */
-static inline void bench_report(uint64_t ops, double elapsed, uint64_t check) {
+ * peak RSS and the page faults of the whole run; when the budget stopped the
+ * run before its `planned` units (`done` of them done, `unit` their name, a
+ * plural), a Bounded line; with HAKMEM_BENCH_CHECK=1 also the run's checksum
+ * on stderr (it depends only on the parameters and the units done, so it
+ * shows a run is deterministic). */
+static inline void bench_report(uint64_t ops, double elapsed, uint64_t check, uint64_t done,
+                                uint64_t planned, const char *unit) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     if (elapsed <= 0) elapsed = 1e-9;
     printf("Throughput = %.0f ops/s\n", (double)ops / elapsed);
     printf("Peak RSS = %ld KiB\n", ru.ru_maxrss);
     printf("Page faults = %ld\n", ru.ru_minflt + ru.ru_majflt);
+    if (done < planned)
+        printf("Bounded = %" PRIu64 "/%" PRIu64 " %s (HAKMEM_BENCH_BUDGET=%s s)\n", done, planned,
+               unit, bench_budget_text);
     const char *chk = getenv("HAKMEM_BENCH_CHECK");
     if (chk != NULL && chk[0] != '\0' && strcmp(chk, "0") != 0)
         fprintf(stderr, "checksum = %016" PRIx64 "\n", check);
