@@ -17,6 +17,9 @@ reading functions) and writes:
 Medians over the runs as in report.py; an allocator with any failed run in a
 workload reads FAILED k/N there (no bar), one that did not run there reads
 "not run", and a workload where mimalloc failed or did not run has no ratios.
+A ratio whose allocator or baseline had a run bounded by the time budget
+(results.tsv's bounded column) has a * (after its value in the tables and at
+its bar's end), and a footnote says what that means.
 --baseline names another allocator to divide by (e.g. a BENCH_EXTRA one when
 mimalloc was not run). Without any baseline results, report.md says so and no
 SVG is written. run.sh calls this after report.py. Standard library only.
@@ -62,10 +65,11 @@ def meta_versions(meta):
 
 
 def cells(workloads, allocs, runs, med, base):
-    """The ratio cells: {(workload, allocator): (kind, thr, rss)} for every
-    allocator but base, with kind "ok" (thr and rss the ratios), "failed"
-    (thr is "FAILED k/N"), "not run", or "no base" (base failed or did not run
-    in this workload: thr says which)."""
+    """The ratio cells: {(workload, allocator): (kind, thr, rss, bounded)} for
+    every allocator but base, with kind "ok" (thr and rss the ratios; bounded:
+    whether a run of the allocator or of base was bounded by the budget),
+    "failed" (thr is "FAILED k/N"), "not run", or "no base" (base failed or did
+    not run in this workload: thr says which)."""
     out = {}
     for w in workloads:
         if (w, base) not in runs:
@@ -78,14 +82,16 @@ def cells(workloads, allocs, runs, med, base):
             if a == base:
                 continue
             if (w, a) not in runs:
-                out[(w, a)] = ("not run", None, None)
+                out[(w, a)] = ("not run", None, None, False)
             elif med[(w, a)] is None:
-                out[(w, a)] = ("failed", report.failed_runs(runs, (w, a)), None)
+                out[(w, a)] = ("failed", report.failed_runs(runs, (w, a)), None, False)
             elif bnote:
-                out[(w, a)] = ("no base", bnote, None)
+                out[(w, a)] = ("no base", bnote, None, False)
             else:
                 (o, s, _, _), (bo, bs, _, _) = med[(w, a)], med[(w, base)]
-                out[(w, a)] = ("ok", o / bo if bo else None, s / bs if bs else None)
+                bounded = bool(report.bounded_runs(runs, (w, a)) or
+                               report.bounded_runs(runs, (w, base)))
+                out[(w, a)] = ("ok", o / bo if bo else None, s / bs if bs else None, bounded)
     return out
 
 
@@ -201,7 +207,7 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
     y += 30
 
     values = [[], []]
-    for (kind, t, r) in cell.values():
+    for (kind, t, r, _) in cell.values():
         if kind == "ok":
             values[0].append(t)
             values[1].append(r)
@@ -249,6 +255,7 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
 
     # Bars.
     clipped = [False, False]
+    any_bounded = False
     for k, w in enumerate(workloads):
         ry = top + k * row_h + row_pad / 2 + (pitch - bar_h) / 2
         nobase = [cell[(w, a)][1] for a in bars if cell[(w, a)][0] == "no base"]
@@ -259,7 +266,7 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
             continue
         for j, a in enumerate(bars):
             by = ry + j * pitch
-            kind, t, r = cell[(w, a)]
+            kind, t, r, bounded = cell[(w, a)]
             for i, ax in enumerate(axes):
                 x1 = ax.x(1)
                 if kind == "failed":
@@ -274,13 +281,17 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
                 if not v:
                     continue
                 xv = ax.x(v)
-                label = fmt_ratio(v)
+                label = fmt_ratio(v) + ("*" if bounded else "")
+                any_bounded = any_bounded or bounded
                 tip = f"{w}: {a} {('throughput', 'peak RSS')[i]} / {base} = {label}"
+                if bounded:
+                    tip += " (over a run bounded by the time budget)"
                 svg.add(f'<rect class="bar" x="{min(x1, xv):.1f}" y="{by:.1f}" '
                         f'width="{max(abs(xv - x1), 1):.1f}" height="{bar_h}" '
                         f'fill="{colour[a]}" data-workload={quoteattr(w)} '
                         f'data-allocator={quoteattr(a)} data-panel="{("ops", "rss")[i]}" '
-                        f'data-ratio="{v:.6g}"><title>{escape(tip)}</title></rect>')
+                        f'data-ratio="{v:.6g}" data-bounded="{int(bounded)}">'
+                        f'<title>{escape(tip)}</title></rect>')
                 if ax.clipped(v):
                     clipped[i] = True
                     sx = xv - 9 if v > 1 else xv + 5
@@ -305,11 +316,21 @@ def svg_chart(workloads, bars, cell, base, meta, base_version):
         svg.text(cx, bottom + 34, f"{what} / {base}'s (log scale; 1x = {base}{cut})",
                  size=12, anchor="middle")
     height = bottom + 34 + pad
+    if any_bounded:
+        svg.text(pad, bottom + 56, f"* {bounded_footnote(base, meta)}", size=12,
+                 extra=' class="bounded-note"')
+        height += 22
     head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height:.0f}" '
             f'viewBox="0 0 {width} {height:.0f}">')
     return "\n".join(['<?xml version="1.0" encoding="UTF-8"?>', head,
                       f'<rect x="0" y="0" width="{width}" height="{height:.0f}" fill="#fff"/>']
                      + svg.parts + ["</svg>", ""])
+
+
+def bounded_footnote(base, meta):
+    """What a * on a ratio means."""
+    return (f"the allocator's or {base}'s runs were bounded by the {report.budget_text(meta)} "
+            "time budget (the full work did not fit): a rate and peak RSS over part of the work")
 
 
 # ---- markdown -------------------------------------------------------------------
@@ -328,12 +349,13 @@ def md_table(workloads, bars, cell, med, runs, base, idx):
             b = report.failed_runs(runs, (w, base))
         else:
             b = report.mops(m[0]) if idx == 0 else f"{m[1]:.0f}"
+            b += "*" if report.bounded_runs(runs, (w, base)) else ""
         row = [w, b]
         for a in bars:
-            kind, t, r = cell[(w, a)]
+            kind, t, r, bounded = cell[(w, a)]
             if kind == "ok":
                 v = (t, r)[idx]
-                row.append(fmt_ratio(v) if v else "n/a")
+                row.append(fmt_ratio(v) + ("*" if bounded else "") if v else "n/a")
             elif kind == "failed":
                 row.append(t)
             elif kind == "not run":
@@ -366,6 +388,9 @@ def main():
                f"each ratio is an allocator's median over the runs / {base_version}'s median")
     out.append("- FAILED k/N: k of the N runs failed (no ratio; reasons in table.md and "
                "failures.tsv); not run: that allocator did not run that workload")
+    if any(report.bounded_runs(runs, key) for key in runs):
+        out.append(f"- \\*: {bounded_footnote(base, meta)}; table.md lists the bounded cells "
+                   f"(on {base}'s own column: its runs were bounded)")
     out.append("")
     bars = [a for a in allocs if a != base]
     if base not in allocs or not bars:

@@ -24,6 +24,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 unset LD_PRELOAD # the glibc row must really be glibc
+unset HAKMEM_BENCH_BUDGET # Ir(2M) - Ir(1M) needs all of both runs
 ROOT=$PWD
 OUT=out/bench
 DIR=$OUT/instr

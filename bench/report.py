@@ -8,7 +8,9 @@ versions) and DIR/failures.tsv, and prints, per workload and allocator, the
 median ops/s, peak RSS and page faults over the runs; hakmem rows also get
 the ratios of hakmem's median to the other allocators' medians (Debian's
 mimalloc, glibc, jemalloc, then any BENCH_EXTRA allocators). Any failed run turns its cell
-into FAILED. run.sh saves this output as DIR/table.md.
+into FAILED. A cell any of whose runs the time budget bounded (results.tsv's
+bounded column) has a * on its Mops/s and is listed under the table. run.sh
+saves this output as DIR/table.md.
 """
 import csv
 import os
@@ -77,7 +79,9 @@ def summarize(results):
     extras, runs, med): workloads in run order; allocators in the canonical
     order (ORDER), then any others by name; extras, the allocators not in ORDER
     (BENCH_EXTRA, hakmem-check) in run order; runs[(workload, allocator)], a
-    list of (ops, rss, faults) per run, None for a failed run's values;
+    list of (ops, rss, faults, bounded) per run, None for a failed run's
+    values, bounded (units done, planned) for a run the budget bounded, else
+    None (also in results.tsv files older than the bounded column);
     med[(workload, allocator)] = (ops, rss, spread, faults), medians over the
     runs (faults None when not recorded), or None if any run failed. A
     (workload, allocator) pair that never ran is in neither."""
@@ -91,22 +95,24 @@ def summarize(results):
             allocs.append(a)
         ok = r["ops_per_s"] != "FAILED"
         flt = r.get("faults", "-")
+        bnd = r.get("bounded") or "-"
         runs.setdefault((w, a), []).append(
             (float(r["ops_per_s"]) if ok else None, float(r["peak_rss_kib"]) if ok else None,
-             float(flt) if ok and flt not in ("-", "", None) else None))
+             float(flt) if ok and flt not in ("-", "", None) else None,
+             tuple(int(x) for x in bnd.split("/")) if ok and bnd != "-" else None))
     extras = [a for a in allocs if a not in ORDER]  # BENCH_EXTRA, in run order
     allocs.sort(key=lambda a: (ORDER.index(a) if a in ORDER else len(ORDER), a))
 
     med = {}
     for key, rs in runs.items():
-        ops = [o for o, _, _ in rs if o is not None]
+        ops = [x[0] for x in rs if x[0] is not None]
         if len(ops) < len(rs):
             med[key] = None
             continue
         m = statistics.median(ops)
         spread = (max(ops) - min(ops)) / m if m else 0.0
-        flts = [f for _, _, f in rs if f is not None]
-        med[key] = (m, statistics.median(s for _, s, _ in rs), spread,
+        flts = [x[2] for x in rs if x[2] is not None]
+        med[key] = (m, statistics.median(x[1] for x in rs), spread,
                     statistics.median(flts) if flts else None)
     return workloads, allocs, extras, runs, med
 
@@ -128,8 +134,29 @@ def machine_lines(meta):
 
 def failed_runs(runs, key):
     """'FAILED k/N' for (workload, allocator) key."""
-    nfail = sum(1 for o, _, _ in runs[key] if o is None)
+    nfail = sum(1 for x in runs[key] if x[0] is None)
     return f"FAILED {nfail}/{len(runs[key])}"
+
+
+def bounded_runs(runs, key):
+    """The (units done, planned) of the runs of (workload, allocator) key that
+    the time budget bounded; [] when none was (or the pair did not run)."""
+    return [x[3] for x in runs.get(key, []) if x[3] is not None]
+
+
+def budget_text(meta):
+    """The budget of the session as '2 s', from meta.tsv ('?' when absent)."""
+    return f"{meta_first(meta, 'budget')} s"
+
+
+def bounded_note(runs, key):
+    """What the runs of key that the budget bounded did: '9/9 runs, units
+    done: median 7 of 60'."""
+    b = bounded_runs(runs, key)
+    done = statistics.median(d for d, _ in b)
+    planned = max(p for _, p in b)
+    return (f"{len(b)}/{len(runs[key])} runs bounded, units done: median {done:g} of "
+            f"{planned}")
 
 
 def main():
@@ -160,16 +187,20 @@ def main():
             if m is None:
                 row = [label, a, failed_runs(runs, (w, a)), "", "", ""]
             else:
-                row = [label, a, mops(m[0]), f"{100 * m[2]:.1f}%", f"{m[1]:.0f}",
+                mark = "*" if bounded_runs(runs, (w, a)) else ""
+                row = [label, a, mops(m[0]) + mark, f"{100 * m[2]:.1f}%", f"{m[1]:.0f}",
                        "-" if m[3] is None else f"{m[3]:.0f}"]
             if have_hakmem:
                 if a == "hakmem":
                     def val(x, idx):
                         mx = med.get((w, x))
                         return mx[idx] if mx else None
+                    def mark(rt, x):  # a * on a ratio with a bounded side
+                        b = bounded_runs(runs, (w, "hakmem")) or bounded_runs(runs, (w, x))
+                        return rt + "*" if b and rt != "n/a" else rt
                     h_ops, h_rss = val("hakmem", 0), val("hakmem", 1)
-                    row += [ratio(h_ops, val(b, 0)) for b in baselines]
-                    row += [ratio(h_rss, val(b, 1)) for b in rss_baselines]
+                    row += [mark(ratio(h_ops, val(b, 0)), b) for b in baselines]
+                    row += [mark(ratio(h_rss, val(b, 1)), b) for b in rss_baselines]
                 else:
                     row += [""] * (len(baselines) + len(rss_baselines))
             rows.append(row)
@@ -182,11 +213,29 @@ def main():
     out.append(f"- {first('runs')} interleaved runs per cell. Mops/s and RSS KiB: medians over "
                "the runs of ops/s (in millions), of peak RSS and of page faults (minor + major, "
                "getrusage); spread: (max-min)/median of ops/s")
+    if "budget" in meta and float(first("budget")) > 0:
+        out.append(f"- time budget: {budget_text(meta)} per run (BENCH_BUDGET): a run still at "
+                   "work then stops at the end of its current unit of work (bench/README.md)")
+    elif "budget" in meta:
+        out.append("- no time budget (BENCH_BUDGET=0): every run did its whole work")
     if have_hakmem:
         out.append("- hak/X: hakmem's median ops/s / X's (> 1: hakmem faster); "
                    "RSS hak/X: hakmem's median peak RSS / X's (> 1: hakmem uses more)")
     out.append("")
     out.append(render(rows, align))
+    bounded = [(w, a) for w in workloads for a in allocs
+               if med.get((w, a)) and bounded_runs(runs, (w, a))]
+    if bounded:
+        out.append("")
+        out.append(f"\\* rate over a bounded run: the workload's full work did not fit the "
+                   f"{budget_text(meta)} budget, so Mops/s is the rate over the units of work done "
+                   "(the first ones: their first-touch costs weigh more than in a whole run), and "
+                   "RSS KiB and faults are those of the bounded runs (faults count only the work "
+                   "done). The ratios are still given, with a * where either side was bounded. "
+                   "Bounded cells:")
+        out.append("")
+        for w, a in bounded:
+            out.append(f"- {w} / {a}: {bounded_note(runs, (w, a))}")
     if meta.get("workload"):
         out.append("")
         out.append("Workloads (`NAME: [ENV] BINARY ARGS`, run as out/bench/BINARY):")

@@ -5,13 +5,17 @@
 # env:   RUNS=9                  runs per (workload, allocator)
 #        ALLOCATORS="glibc hakmem mimalloc jemalloc"   subset/order to run
 #        WORKLOADS=REGEX         only workloads whose name matches (grep -E)
+#        BENCH_BUDGET=1          seconds of work per run: a run stops at the first
+#                                unit boundary after it (HAKMEM_BENCH_BUDGET,
+#                                bench/bench_util.h) and is marked bounded; 0: none
 #        BENCH_TIMEOUT=120       seconds before a single bench run is killed
 #        BENCH_CPU=N             pin every bench run to CPU N (taskset)
 #        HAKMEM_SO=path          hakmem library (default out/release/libhakmem.so)
 #        BENCH_EXTRA="NAME=PATH ..."  more allocators, LD_PRELOADed from PATH
 #                                (e.g. mi3=../shared/anchors/libmimalloc-3.4.3.so)
 #
-# Writes out/bench/results.tsv (one row per run: ops/s, peak RSS, page faults), out/bench/table.md (the
+# Writes out/bench/results.tsv (one row per run: ops/s, peak RSS, page faults,
+# whether the budget bounded it, its seconds), out/bench/table.md (the
 # table printed at the end), out/bench/report.md and report.svg (ratios to
 # mimalloc, bench/chart.py), out/bench/logs/ (each run's output). Exits
 # non-zero if any bench run failed (crash, timeout, no Throughput line).
@@ -22,6 +26,7 @@ unset LD_PRELOAD # the glibc rows must really be glibc
 ROOT=$PWD
 OUT=out/bench
 RUNS=${RUNS:-9}
+BENCH_BUDGET=${BENCH_BUDGET:-1}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
 ALLOCATORS=${ALLOCATORS:-glibc hakmem mimalloc jemalloc}
 WORKLOADS=${WORKLOADS:-}
@@ -29,6 +34,10 @@ HAKMEM_SO=${HAKMEM_SO:-$ROOT/out/release/libhakmem.so}
 
 if ! [[ $RUNS =~ ^[1-9][0-9]*$ ]]; then
     echo "bench/run.sh: RUNS must be a positive integer (got '$RUNS')" >&2
+    exit 2
+fi
+if ! [[ $BENCH_BUDGET =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]]; then
+    echo "bench/run.sh: BENCH_BUDGET must be a number of seconds (got '$BENCH_BUDGET')" >&2
     exit 2
 fi
 
@@ -182,6 +191,7 @@ done
     printf 'kernel\t%s\n' "$(uname -sr)"
     printf 'cpu\t%s\n' "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
     printf 'runs\t%s\n' "$RUNS"
+    printf 'budget\t%s\n' "$BENCH_BUDGET"
     printf 'allocators\t%s\n' "${allocs[*]}"
     for a in "${allocs[@]}"; do printf 'version\t%s\n' "${VER[$a]}"; done
     for s in "${skipped[@]}"; do printf 'skipped\t%s\n' "$s"; done
@@ -192,16 +202,27 @@ done
 # ---- runs ---------------------------------------------------------------------
 RESULTS=$OUT/results.tsv
 FAILURES=$OUT/failures.tsv
-printf 'workload\tallocator\trun\tops_per_s\tpeak_rss_kib\tfaults\n' >"$RESULTS"
+printf 'workload\tallocator\trun\tops_per_s\tpeak_rss_kib\tfaults\tbounded\tseconds\n' >"$RESULTS"
 printf 'workload\tallocator\trun\treason\tlog\n' >"$FAILURES"
 pin=()
 [ -n "${BENCH_CPU:-}" ] && pin=(taskset -c "$BENCH_CPU")
 nfail=0
 
+# Microseconds since the epoch (EPOCHREALTIME without its decimal separator,
+# which follows the locale).
+now_us() { echo "${EPOCHREALTIME//[!0-9]/}"; }
+
+# A duration in microseconds as 42s or 3m05s.
+fmt_dur() {
+    local s=$((($1 + 500000) / 1000000))
+    if [ $s -lt 60 ]; then echo "${s}s"; else printf '%dm%02ds' $((s / 60)) $((s % 60)); fi
+}
+
 # run_one WORKLOAD_INDEX ALLOCATOR RUN: one bench run; appends to the TSVs and
-# prints a short result (e.g. "71.87M" or "FAILED") on stdout.
+# prints a short result on stdout: its Mops/s (e.g. "71.87M", "0.000193M*",
+# * when the budget bounded it) or "FAILED".
 run_one() {
-    local i=$1 a=$2 r=$3 name=${wl_names[$1]} w rc ops rss faults reason=""
+    local i=$1 a=$2 r=$3 name=${wl_names[$1]} w rc ops rss faults bounded reason="" t0 secs
     local log=$OUT/logs/$name.$a.$r.log
     local -a envs=() cmd=()
     for w in ${wl_specs[$i]}; do
@@ -214,18 +235,21 @@ run_one() {
         fi
     done
     [ -n "${SO[$a]}" ] && envs+=("LD_PRELOAD=${SO[$a]}")
-    envs+=($(allocator_env "$a"))
+    envs+=($(allocator_env "$a") "HAKMEM_BENCH_BUDGET=$BENCH_BUDGET")
     if [ -n "${BROKEN[$a]:-}" ]; then
         echo "not run: ${BROKEN[$a]}" >"$log"
         reason=${BROKEN[$a]}
     else
         set +e
+        t0=$(now_us)
         "${pin[@]}" timeout -k 5 "$BENCH_TIMEOUT" env "${envs[@]}" "${cmd[@]}" </dev/null >"$log" 2>&1
         rc=$?
+        secs=$(($(now_us) - t0))
         set -e
         ops=$(sed -n 's/^Throughput = \([0-9][0-9]*\) ops\/s$/\1/p' "$log" | tail -1)
         rss=$(sed -n 's/^Peak RSS = \([0-9][0-9]*\) KiB$/\1/p' "$log" | tail -1)
         faults=$(sed -n 's/^Page faults = \([0-9][0-9]*\)$/\1/p' "$log" | tail -1)
+        bounded=$(sed -n 's/^Bounded = \([0-9][0-9]*\/[0-9][0-9]*\) .*/\1/p' "$log" | tail -1)
         if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
             reason="timed out after ${BENCH_TIMEOUT}s"
         elif [ $rc -gt 128 ]; then
@@ -238,32 +262,64 @@ run_one() {
             reason="no Throughput/Peak RSS line"
         fi
     fi
+    secs=$(awk -v us="${secs:-}" 'BEGIN { if (us == "") print "-"; else printf "%.3f", us / 1e6 }')
     if [ -n "$reason" ]; then
-        printf '%s\t%s\t%s\tFAILED\t-\t-\n' "$name" "$a" "$r" >>"$RESULTS"
+        printf '%s\t%s\t%s\tFAILED\t-\t-\t-\t%s\n' "$name" "$a" "$r" "$secs" >>"$RESULTS"
         printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$reason" "$log" >>"$FAILURES"
         echo "FAILED"
         return 1
     fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$ops" "$rss" "${faults:--}" >>"$RESULTS"
-    awk -v o="$ops" 'BEGIN { printf "%.2fM", o / 1e6 }'
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$ops" "$rss" "${faults:--}" \
+        "${bounded:--}" "$secs" >>"$RESULTS"
+    # As report.py prints Mops/s: 3 significant digits below 1.
+    awk -v o="$ops" -v b="${bounded:+*}" \
+        'BEGIN { m = o / 1e6; printf (m >= 1 ? "%.2fM%s" : "%.3gM%s"), m, b }'
 }
 
 n=${#allocs[@]}
-echo "bench/run.sh: ${#wl_names[@]} workloads x $n allocators (${allocs[*]}) x $RUNS runs" >&2
-t_start=$SECONDS
+nw=${#wl_names[@]}
+budget_note="a budget of ${BENCH_BUDGET} s per run"
+[[ $BENCH_BUDGET =~ ^[0.]*$ ]] && budget_note="no time budget"
+echo "bench/run.sh: $nw workloads x $n allocators (${allocs[*]}) x $RUNS runs, $budget_note" >&2
+# Progress: one line per (run, workload), saying how many of the RUNS x nw
+# lines are done and about how long is left: the mean time each workload's
+# line took in the runs so far, summed over the lines still to come (known
+# once run 1 has timed every workload; all runs do the same work, so the
+# estimate is as good as the machine is steady).
+declare -a cost_us=() cost_n=()
+t_start=$(now_us)
+nbounded=0
 for ((r = 1; r <= RUNS; r++)); do
     for i in "${!wl_names[@]}"; do
+        t_line=$(now_us)
         line="run $r/$RUNS ${wl_names[$i]}:"
         # Rotate the starting allocator every run so no allocator always goes first.
         for ((k = 0; k < n; k++)); do
             a=${allocs[$(((r - 1 + k) % n))]}
             if res=$(run_one "$i" "$a" "$r"); then :; else nfail=$((nfail + 1)); fi
+            [[ $res == *'*' ]] && nbounded=$((nbounded + 1))
             line+=" $a=$res"
         done
-        echo "$line" >&2
+        cost_us[i]=$((${cost_us[i]:-0} + $(now_us) - t_line))
+        cost_n[i]=$((${cost_n[i]:-0} + 1))
+        done_lines=$(((r - 1) * nw + i + 1))
+        if ((r > 1 || i == nw - 1)); then
+            left=0
+            for j in "${!wl_names[@]}"; do
+                # lines of workload j still to come: the runs after r, and this run's after i
+                todo=$((RUNS - r + (j > i ? 1 : 0)))
+                left=$((left + todo * cost_us[j] / cost_n[j]))
+            done
+            eta="~$(fmt_dur $left) left"
+            [ $done_lines -eq $((RUNS * nw)) ] && eta="done"
+        else
+            eta="time left known after run 1"
+        fi
+        printf '[%3d%%, %s] %s\n' $((100 * done_lines / (RUNS * nw))) "$eta" "$line" >&2
     done
 done
-echo "bench/run.sh: done in $((SECONDS - t_start))s" >&2
+echo "bench/run.sh: done in $(fmt_dur $(($(now_us) - t_start))) ($((RUNS * nw * n)) runs," \
+    "$nbounded bounded by the budget: *)" >&2
 
 # ---- table --------------------------------------------------------------------
 python3 bench/report.py "$OUT" | tee "$OUT/table.md"
