@@ -208,9 +208,8 @@ pin=()
 [ -n "${BENCH_CPU:-}" ] && pin=(taskset -c "$BENCH_CPU")
 nfail=0
 
-# Microseconds since the epoch (EPOCHREALTIME without its decimal separator,
-# which follows the locale).
-now_us() { echo "${EPOCHREALTIME//[!0-9]/}"; }
+# Times are in microseconds since the epoch: ${EPOCHREALTIME//[!0-9]/} (bash's
+# clock without its decimal separator, which follows the locale; no process).
 
 # A duration in microseconds as 42s or 3m05s.
 fmt_dur() {
@@ -222,7 +221,7 @@ fmt_dur() {
 # prints a short result on stdout: its Mops/s (e.g. "71.87M", "0.000193M*",
 # * when the budget bounded it) or "FAILED".
 run_one() {
-    local i=$1 a=$2 r=$3 name=${wl_names[$1]} w rc ops rss faults bounded reason="" t0 secs
+    local i=$1 a=$2 r=$3 name=${wl_names[$1]} w rc ops rss faults bounded reason="" t0 secs mops ldso
     local log=$OUT/logs/$name.$a.$r.log
     local -a envs=() cmd=()
     for w in ${wl_specs[$i]}; do
@@ -241,39 +240,49 @@ run_one() {
         reason=${BROKEN[$a]}
     else
         set +e
-        t0=$(now_us)
+        t0=${EPOCHREALTIME//[!0-9]/}
         "${pin[@]}" timeout -k 5 "$BENCH_TIMEOUT" env "${envs[@]}" "${cmd[@]}" </dev/null >"$log" 2>&1
         rc=$?
-        secs=$(($(now_us) - t0))
+        secs=$((${EPOCHREALTIME//[!0-9]/} - t0))
         set -e
-        ops=$(sed -n 's/^Throughput = \([0-9][0-9]*\) ops\/s$/\1/p' "$log" | tail -1)
-        rss=$(sed -n 's/^Peak RSS = \([0-9][0-9]*\) KiB$/\1/p' "$log" | tail -1)
-        faults=$(sed -n 's/^Page faults = \([0-9][0-9]*\)$/\1/p' "$log" | tail -1)
-        bounded=$(sed -n 's/^Bounded = \([0-9][0-9]*\/[0-9][0-9]*\) .*/\1/p' "$log" | tail -1)
+        # One awk reads the log (a sed or grep per field, ~10 processes a run,
+        # cost some 25 s of a 9-run session): the lines run.sh reads ("-" for
+        # one missing), the run's seconds, its Mops/s as report.py prints
+        # them (3 significant digits below 1; * when the budget bounded it)
+        # and the first line from ld.so, if any.
+        read -r ops rss faults bounded secs mops ldso < <(awk -v us="$secs" '
+            /^Throughput = [0-9]+ ops\/s$/ { ops = $3 }
+            /^Peak RSS = [0-9]+ KiB$/ { rss = $4 }
+            /^Page faults = [0-9]+$/ { flt = $4 }
+            /^Bounded = [0-9]+\/[0-9]+ / { bnd = $3 }
+            /ld\.so/ && ldso == "" { ldso = $0 }
+            END {
+                m = ops / 1e6
+                printf "%s %s %s %s %.3f ", (ops == "" ? "-" : ops), (rss == "" ? "-" : rss),
+                    (flt == "" ? "-" : flt), (bnd == "" ? "-" : bnd), us / 1e6
+                printf (m >= 1 ? "%.2fM%s %s\n" : "%.3gM%s %s\n"), m, (bnd == "" ? "" : "*"), ldso
+            }' "$log")
         if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
             reason="timed out after ${BENCH_TIMEOUT}s"
         elif [ $rc -gt 128 ]; then
             reason="killed by SIG$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))"
         elif [ $rc -ne 0 ]; then
             reason="exit status $rc"
-        elif grep -q 'ld\.so' "$log"; then
-            reason="ld.so error: $(grep -m1 'ld\.so' "$log")"
-        elif [ -z "$ops" ] || [ -z "$rss" ]; then
+        elif [ -n "$ldso" ]; then
+            reason="ld.so error: $ldso"
+        elif [ "$ops" = - ] || [ "$rss" = - ]; then
             reason="no Throughput/Peak RSS line"
         fi
     fi
-    secs=$(awk -v us="${secs:-}" 'BEGIN { if (us == "") print "-"; else printf "%.3f", us / 1e6 }')
     if [ -n "$reason" ]; then
-        printf '%s\t%s\t%s\tFAILED\t-\t-\t-\t%s\n' "$name" "$a" "$r" "$secs" >>"$RESULTS"
+        printf '%s\t%s\t%s\tFAILED\t-\t-\t-\t%s\n' "$name" "$a" "$r" "${secs:--}" >>"$RESULTS"
         printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$reason" "$log" >>"$FAILURES"
         echo "FAILED"
         return 1
     fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$ops" "$rss" "${faults:--}" \
-        "${bounded:--}" "$secs" >>"$RESULTS"
-    # As report.py prints Mops/s: 3 significant digits below 1.
-    awk -v o="$ops" -v b="${bounded:+*}" \
-        'BEGIN { m = o / 1e6; printf (m >= 1 ? "%.2fM%s" : "%.3gM%s"), m, b }'
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$a" "$r" "$ops" "$rss" "$faults" "$bounded" \
+        "$secs" >>"$RESULTS"
+    echo "$mops"
 }
 
 n=${#allocs[@]}
@@ -287,11 +296,11 @@ echo "bench/run.sh: $nw workloads x $n allocators (${allocs[*]}) x $RUNS runs, $
 # once run 1 has timed every workload; all runs do the same work, so the
 # estimate is as good as the machine is steady).
 declare -a cost_us=() cost_n=()
-t_start=$(now_us)
+t_start=${EPOCHREALTIME//[!0-9]/}
 nbounded=0
 for ((r = 1; r <= RUNS; r++)); do
     for i in "${!wl_names[@]}"; do
-        t_line=$(now_us)
+        t_line=${EPOCHREALTIME//[!0-9]/}
         line="run $r/$RUNS ${wl_names[$i]}:"
         # Rotate the starting allocator every run so no allocator always goes first.
         for ((k = 0; k < n; k++)); do
@@ -300,7 +309,7 @@ for ((r = 1; r <= RUNS; r++)); do
             [[ $res == *'*' ]] && nbounded=$((nbounded + 1))
             line+=" $a=$res"
         done
-        cost_us[i]=$((${cost_us[i]:-0} + $(now_us) - t_line))
+        cost_us[i]=$((${cost_us[i]:-0} + ${EPOCHREALTIME//[!0-9]/} - t_line))
         cost_n[i]=$((${cost_n[i]:-0} + 1))
         done_lines=$(((r - 1) * nw + i + 1))
         if ((r > 1 || i == nw - 1)); then
@@ -318,7 +327,7 @@ for ((r = 1; r <= RUNS; r++)); do
         printf '[%3d%%, %s] %s\n' $((100 * done_lines / (RUNS * nw))) "$eta" "$line" >&2
     done
 done
-echo "bench/run.sh: done in $(fmt_dur $(($(now_us) - t_start))) ($((RUNS * nw * n)) runs," \
+echo "bench/run.sh: done in $(fmt_dur $((${EPOCHREALTIME//[!0-9]/} - t_start))) ($((RUNS * nw * n)) runs," \
     "$nbounded bounded by the budget: *)" >&2
 
 # ---- table --------------------------------------------------------------------
