@@ -729,8 +729,8 @@ static void test_mallinfo2_hblkhd(void **state) {
 static size_t stderr_bytes_of(void (*fn)(void *)) {
     struct death d;
     run_child(fn, NULL, &d);
-    if (d.timedout || !WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
-        fail_msg("child status 0x%x", d.status);
+    assert_not_hung(&d);
+    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0) fail_msg("child status 0x%x", d.status);
     return d.len;
 }
 

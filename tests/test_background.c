@@ -361,7 +361,7 @@ static void run_mode(const char *mode, const char *background, struct death *d) 
     run_child(exec_self, &s, d);
     print_message("%s, HAKMEM_BACKGROUND=%s: status 0x%x\n%s", mode,
                   background ? background : "(unset)", d->status, d->err);
-    assert_false(d->timedout);
+    assert_not_hung(d);
     assert_true(WIFEXITED(d->status));
 }
 

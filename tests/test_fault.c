@@ -19,6 +19,7 @@
 #include "hakmem.h"
 #include "maps.h"
 #include "superslab/ss.h"
+#include "timing.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -200,18 +201,23 @@ static int workload(uint8_t seed) {
 
 static int sweep_step;
 
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char msg[] = "test_fault: a workload hung (a lock left taken?)\n";
-    (void)!write(2, msg, sizeof msg - 1);
-    _exit(99);
-}
+/* Hang limits (scaled: tests/timing.h). A faulted run and the run after it
+ * take up to 0.1 s in the debug build (0.15 s under UBSan, 0.46 s under
+ * TSan); the fork and thread after the sweeps, and each fresh process
+ * (0.25 s at most), no longer. A hang is a lock left taken, or a retry
+ * that never ends. */
+#define RUN_LIMIT_BASE_MS   20000
+#define FRESH_LIMIT_BASE_MS 30000
 
 /* The workload with `count` failures from the call after `skip`; then,
  * faults off, it must run without a single failure. */
 static int run_faulted(uint64_t skip, uint64_t count) {
     malloc_trim(0); /* start from nothing cached: the workload maps again */
-    alarm(20);
+    char what[128];
+    snprintf(what, sizeof what,
+             "a workload run, OS calls after the first %llu failing (%s; a lock left taken?)",
+             (unsigned long long)skip, count == 1 ? "one" : "all");
+    hak_test_alarm(RUN_LIMIT_BASE_MS, what);
     os_fault_arm(skip, count);
     int failed = workload((uint8_t)(skip * 7 + count));
     os_fault_disarm();
@@ -243,7 +249,6 @@ static uint64_t injected(void) {
 /* Run the workload with the failures starting at each call it makes; how
  * many runs saw a request fail. */
 static int sweep(uint64_t count) {
-    signal(SIGALRM, on_alarm);
     uint64_t total = calls_per_run(), before = injected();
     assert_true(total > 20);
     int failing_runs = 0;
@@ -498,7 +503,8 @@ static void test_sweeps_under_mlockall(void **state) {
  * fail (each site's failure path has run). */
 static void test_locks_free_and_sites_covered(void **state) {
     (void)state;
-    alarm(20);
+    hak_test_alarm(RUN_LIMIT_BASE_MS,
+                   "fork and a new thread after the sweeps (a lock left taken?)");
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) _exit(workload(3) == 0 ? 0 : 1);
@@ -561,7 +567,7 @@ static int child_odd_step(void) {
 static int child_data_limit(void) {
     struct rlimit as = {4ul << 30, 4ul << 30}, data = {64ul << 20, 64ul << 20};
     if (setrlimit(RLIMIT_AS, &as) != 0 || setrlimit(RLIMIT_DATA, &data) != 0) return 2;
-    alarm(30);
+    /* (A retry for ever is caught by main's alarm.) */
     static const size_t sizes[] = {64, 4000, 20000, 100000};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
         size_t n = 0;
@@ -643,7 +649,10 @@ static void test_impossible_sizes_trim_nothing(void **state) {
 
 int main(int argc, char **argv) {
     for (size_t i = 0; argc == 2 && i < sizeof children / sizeof children[0]; i++)
-        if (strcmp(argv[1], children[i].name) == 0) return children[i].fn();
+        if (strcmp(argv[1], children[i].name) == 0) {
+            hak_test_alarm(FRESH_LIMIT_BASE_MS, children[i].name); /* (dies of SIGALRM) */
+            return children[i].fn();
+        }
 #ifndef HAK_TEST_TSAN
     /* Under an address-space limit (a roomy one) trimming also gives back
      * reserved space, so each run grows the arena again: those calls can

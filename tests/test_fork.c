@@ -22,11 +22,18 @@
 #include <cmocka.h>
 
 #include "rng.h"
+#include "timing.h"
 
 #define KiB ((size_t)1024)
 #define MiB (KiB * 1024)
 
-#define CHILD_TIMEOUT_MS 10000
+/* A child still running after this (scaled: tests/timing.h) is killed as
+ * deadlocked. The children take up to 80 ms in the debug build, 210 ms
+ * under TSan: 10 s is over a hundred times that. */
+#define CHILD_LIMIT_BASE_MS 10000
+/* test_fork_with_allocating_handlers, whole (20 forks): 0.14 s in the debug
+ * build, 0.47 s under TSan. */
+#define HANDLERS_LIMIT_BASE_MS 30000
 
 /* Child exit codes, so a failure says what went wrong. */
 enum { CHILD_OK = 0, CHILD_NULL = 2, CHILD_PATTERN = 3, CHILD_ALIGN = 4, CHILD_THREAD = 5 };
@@ -168,9 +175,10 @@ static int child_work(uint64_t seed, bool with_thread) {
     return CHILD_OK;
 }
 
-/* Waits at most timeout_ms; on timeout kills the child and returns -1. */
-static int wait_bounded(pid_t pid, int *status, int timeout_ms) {
-    for (int waited = 0; waited < timeout_ms; waited += 2) {
+/* Waits at most limit_ms (by the clock); on timeout kills the child and
+ * returns -1. */
+static int wait_bounded(pid_t pid, int *status, int64_t limit_ms) {
+    for (int64_t t0 = hak_test_now_ms(); hak_test_now_ms() - t0 < limit_ms;) {
         pid_t r = waitpid(pid, status, WNOHANG);
         if (r == pid) return 0;
         if (r < 0 && errno != EINTR) return -2;
@@ -183,14 +191,15 @@ static int wait_bounded(pid_t pid, int *status, int timeout_ms) {
 }
 
 /* Empty string if the child exited 0, else why not. */
-static const char *child_result(pid_t pid, int timeout_ms) {
-    static char msg[160];
+static const char *child_result(pid_t pid) {
+    static char msg[400];
+    char limit[256];
     int st = 0;
-    int r = wait_bounded(pid, &st, timeout_ms);
+    int r = wait_bounded(pid, &st, hak_test_limit_ms(CHILD_LIMIT_BASE_MS));
     msg[0] = 0;
     if (r == -1)
-        snprintf(msg, sizeof msg, "child %d still running after %d ms (deadlock?)", (int)pid,
-                 timeout_ms);
+        snprintf(msg, sizeof msg, "child %d still running after %s (deadlock?)", (int)pid,
+                 hak_test_limit_text(limit, sizeof limit, CHILD_LIMIT_BASE_MS));
     else if (r != 0)
         snprintf(msg, sizeof msg, "waitpid failed");
     else if (WIFSIGNALED(st))
@@ -251,7 +260,7 @@ static void test_fork_while_threads_allocate(void **state) {
         pid_t pid = fork();
         if (pid == 0) _exit(child_work((uint64_t)i, i % 5 == 0));
         if (pid < 0) fail_after_stopping("fork", i, strerror(errno));
-        const char *why = child_result(pid, CHILD_TIMEOUT_MS);
+        const char *why = child_result(pid);
         if (why[0]) fail_after_stopping("fork", i, why);
     }
     stop_hammers();
@@ -272,7 +281,7 @@ static void *forking_worker(void *arg) {
             atomic_fetch_add(&g_worker_fork_failures, 1);
             continue;
         }
-        const char *why = child_result(pid, CHILD_TIMEOUT_MS);
+        const char *why = child_result(pid);
         if (why[0] && atomic_fetch_add(&g_worker_fork_failures, 1) == 0)
             snprintf(g_worker_fork_msg, sizeof g_worker_fork_msg, "fork %d: %s", i, why);
     }
@@ -320,11 +329,14 @@ static void test_nested_fork(void **state) {
             if (g == 0) _exit(child_work((uint64_t)(300 + i), true));
             if (g < 0) _exit(6);
             int st = 0;
-            if (wait_bounded(g, &st, CHILD_TIMEOUT_MS - 2000) != 0 || !WIFEXITED(st)) _exit(7);
+            /* (Within the parent's limit: the grandchild is killed first.) */
+            if (wait_bounded(g, &st, hak_test_limit_ms(CHILD_LIMIT_BASE_MS) * 4 / 5) != 0 ||
+                !WIFEXITED(st))
+                _exit(7);
             _exit(WEXITSTATUS(st));
         }
         if (pid < 0) fail_after_stopping("fork", i, strerror(errno));
-        const char *why = child_result(pid, CHILD_TIMEOUT_MS);
+        const char *why = child_result(pid);
         if (why[0]) fail_after_stopping("nested fork", i, why);
     }
     stop_hammers();
@@ -353,7 +365,8 @@ __attribute__((constructor(101))) static void early_register(void) {
 
 static void test_fork_with_allocating_handlers(void **state) {
     (void)state;
-    alarm(30); /* a deadlock inside fork() kills the test instead of hanging it */
+    /* A deadlock inside fork() kills the test instead of hanging it. */
+    hak_test_alarm(HANDLERS_LIMIT_BASE_MS, "test_fork_with_allocating_handlers");
     int before = atomic_load(&g_early_runs);
     for (int i = 0; i < 20; i++) {
         pid_t pid = fork();
@@ -363,7 +376,7 @@ static void test_fork_with_allocating_handlers(void **state) {
             _exit(atomic_load(&g_early_runs) == before + i + 1 ? CHILD_OK : 9);
         }
         assert_true(pid > 0);
-        const char *why = child_result(pid, CHILD_TIMEOUT_MS);
+        const char *why = child_result(pid);
         if (why[0]) fail_msg("fork %d: %s", i, why);
     }
     alarm(0);

@@ -133,7 +133,7 @@ static void test_trim_does_not_strand_drained_slabs(void **state) {
 static void expect_abort(void (*fn)(void *), const char *want) {
     struct death d;
     run_child(fn, NULL, &d);
-    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
+    assert_not_hung(&d);
     if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGABRT)
         fail_msg("child did not abort (status %d), stderr: %s", d.status, d.err);
     if (strstr(d.err, want) == NULL) fail_msg("expected '%s' in: %s", want, d.err);

@@ -793,7 +793,7 @@ static void test_remote_free_racing_owner_exit(void **state) {
     (void)state;
     struct death d;
     run_child(rx_child, NULL, &d);
-    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
+    assert_not_hung(&d);
     if (WIFSIGNALED(d.status))
         fail_msg("the freer died of signal %d: it touched the slab after its push, once the "
                  "owner's exit had unmapped the SuperSlab; stderr: %s",
@@ -1057,7 +1057,7 @@ static void test_tiny_beyond_a_full_range(void **state) {
     (void)state;
     struct death d;
     run_child(small_range_child, NULL, &d);
-    if (d.timedout) fail_msg("child hung; stderr: %s", d.err);
+    assert_not_hung(&d);
     if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGABRT ||
         strstr(d.err, "hakmem: free(): double free 0x") == NULL)
         fail_msg("child status 0x%x (exit codes: see small_range_child), wanted the final "
