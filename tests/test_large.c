@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "box/clock.h"
 #include "box/config.h"
 #include "box/os.h"
 #include "box/prof.h"
@@ -229,38 +230,80 @@ static void sleep_ms(long ms) {
     nanosleep(&ts, NULL);
 }
 
-static void test_unused_entries_decommitted_then_unmapped(void **state) {
-    (void)state;
-    hak_cfg.bigcache_age_ms = 50;
+/* Ageing tests: an entry freed at f and looked at (on any call of the tier)
+ * at l is decommitted when l - f is in [age, 2 age), unmapped from 2 age on.
+ * The tests sleep to land in that window; a slow or busy machine may
+ * overshoot it. So an attempt reads the tier's own clock (hak_now_ms)
+ * before the free and after its last call of the tier: when that span
+ * passes 2 age, a look may have come too late, and nothing is judged; the
+ * attempt is made again with twice the age. Each judged attempt can fail
+ * for the bug; a machine stalled through all of them (50 ms to 1.6 s of
+ * age) fails the test, saying so. */
+#define AGE_FIRST_MS 50
+#define AGE_TRIES    6
+
+/* One attempt at `age`; false when the window was missed (cleaned up). */
+static bool decommitted_then_unmapped(uint64_t age) {
+    hak_cfg.bigcache_age_ms = age;
     /* Freed later to make the tier look at the ages (a malloc would take
      * the cached entry instead). */
     uint8_t *tick1 = malloc(9 * MiB), *tick2 = malloc(20 * MiB);
     uint8_t *p = malloc(3 * MiB);
     memset(p, 0xee, 3 * MiB);
+    uint64_t f0 = hak_now_ms();
     free(p);
-    assert_true(maps_resident(p + MiB));
+    uint64_t f1 = hak_now_ms();
+    bool resident = maps_resident(p + MiB);
     uint64_t dec = lstats().cache_decommits;
-    sleep_ms(80); /* past the age, not yet twice it */
+    sleep_ms((long)age * 8 / 5); /* past the age, not yet twice it */
+    uint64_t l0 = hak_now_ms();
     free(tick1);
-    assert_int_equal(lstats().cache_decommits, dec + 1);
-    assert_false(maps_resident(p + MiB));
+    uint64_t decommits = lstats().cache_decommits;
+    bool dropped = !maps_resident(p + MiB);
     /* Still cached, its pages reading as zero: calloc needs no memset. (An
      * entry with pages is preferred: the 9 MiB one is taken out of the way
      * first.) */
     uint8_t *t = malloc(9 * MiB);
-    assert_ptr_equal(t, tick1);
     uint8_t *q = calloc(1, 3 * MiB);
+    uint64_t l1 = hak_now_ms();
+    if (l0 - f1 < age || l1 - f0 >= 2 * age) {
+        print_message("age %llu ms: the looks fell %llu to %llu ms after the free, outside "
+                      "[age, 2 age): again with twice the age\n",
+                      (unsigned long long)age, (unsigned long long)(l0 - f1),
+                      (unsigned long long)(l1 - f0));
+        free(q);
+        free(t);
+        free(tick2);
+        malloc_trim(0);
+        return false;
+    }
+    assert_true(resident);
+    assert_int_equal(decommits, dec + 1);
+    assert_true(dropped);
+    assert_ptr_equal(t, tick1);
     assert_ptr_equal(q, p);
     for (size_t k = 0; k < 3 * MiB; k += 4096)
         assert_int_equal(q[k], 0);
     memset(q, 0x11, 3 * MiB);
     free(q);
     free(t);
-    sleep_ms(140); /* past twice the age: both entries unmapped */
+    /* Past twice the age: both entries unmapped (a later look, however
+     * late, finds them older still). */
+    sleep_ms((long)age * 14 / 5);
     uint64_t unmaps = os_calls(OS_MUNMAP);
     free(tick2);
     assert_true(os_calls(OS_MUNMAP) >= unmaps + 2);
     assert_int_equal(lstats().cached_blocks, 1); /* the 20 MiB one just freed */
+    return true;
+}
+
+static void test_unused_entries_decommitted_then_unmapped(void **state) {
+    (void)state;
+    uint64_t age = AGE_FIRST_MS;
+    for (int i = 0; i < AGE_TRIES; i++, age *= 2)
+        if (decommitted_then_unmapped(age)) return;
+    fail_msg("the machine was too slow or busy for every age tried (%d ms to %llu ms)",
+             AGE_FIRST_MS, (unsigned long long)age / 2);
 }
 
 /* True when the mapping holding p has VmFlags `flag` in /proc/self/smaps. */
@@ -409,21 +452,33 @@ static void test_locked_entries_not_reported_decommitted(void **state) {
     assert_true(pid >= 0);
     if (pid == 0) {
         if (!maps_mlockall(MCL_CURRENT | MCL_FUTURE)) _exit(77);
-        hak_cfg.bigcache_age_ms = 30;
-        uint8_t *p = malloc(4 * MiB);
-        memset(p, 0xab, 4 * MiB);
-        free(p);
-        sleep_ms(50);
-        free(malloc(9 * MiB)); /* looks at the ages */
-        uint8_t *q = calloc(1, 4 * MiB);
-        for (size_t k = 0; k < 4 * MiB; k += 512)
-            if (q[k] != 0) _exit(3);
-        _exit(0);
+        /* The look must come in [age, 2 age) (the decommit is tried, and
+         * refused); past 2 age the entry is unmapped untried and nothing is
+         * tested: then again with twice the age (see AGE_TRIES). */
+        uint64_t age = 30;
+        for (int i = 0; i < AGE_TRIES; i++, age *= 2) {
+            hak_cfg.bigcache_age_ms = age;
+            uint8_t *p = malloc(4 * MiB);
+            memset(p, 0xab, 4 * MiB);
+            uint64_t f0 = hak_now_ms();
+            free(p);
+            sleep_ms((long)age * 5 / 3);
+            free(malloc(9 * MiB)); /* looks at the ages */
+            uint8_t *q = calloc(1, 4 * MiB);
+            bool in_time = hak_now_ms() - f0 < 2 * age;
+            for (size_t k = 0; k < 4 * MiB; k += 512)
+                if (q[k] != 0) _exit(3);
+            free(q);
+            malloc_trim(0);
+            if (in_time) _exit(0);
+        }
+        _exit(4);
     }
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st));
     if (WEXITSTATUS(st) == 77) skip();
+    if (WEXITSTATUS(st) == 4) fail_msg("the machine was too slow or busy for every age tried");
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
@@ -969,7 +1024,10 @@ static void spares_bounded_counted_trimmed(void *arg) {
     memset(r, 7, 3000);
     free(r);
     CHILD_CHECK(maps_resident(r));
-    for (int i = 0; i < 20 && maps_resident(r); i++) {
+    /* Two ages (40 ms) and a look; eventually, within a hang limit
+     * (scaled: tests/timing.h) fifty times that. */
+    int64_t limit = hak_test_limit_ms(2000);
+    for (int64_t t0 = hak_test_now_ms(); maps_resident(r) && hak_test_now_ms() - t0 < limit;) {
         struct timespec ms10 = {0, 10 * 1000 * 1000};
         nanosleep(&ms10, NULL);
         free(malloc(3 * MiB)); /* a call of the tier: it looks at the ages */
