@@ -14,6 +14,7 @@
 #include "hakmem.h"
 #include "maps.h"
 #include "superslab/ss.h"
+#include "timing.h"
 
 #include <malloc.h>
 #include <stdlib.h>
@@ -39,9 +40,14 @@ static void other_work(void) {
 }
 
 /* The first pass may have been timed with the default age (1 s) before
- * main set AGE_MS: up to 3 s of other work. */
+ * main set AGE_MS: up to 3 s of other work (scaled: tests/timing.h), by the
+ * clock. Only a lower bound on the time matters (the age must pass): a
+ * slow or busy machine takes longer over each slice, which only ages the
+ * memory more; the limit is there to end a test that would never see it
+ * go. */
 #define WORK_UNTIL(cond)                                                                           \
-    for (int t_ = 0; t_ < 3000 / (AGE_MS / 2) && !(cond); t_++)                                    \
+    for (int64_t t0_ = hak_test_now_ms(), l_ = hak_test_limit_ms(3000);                            \
+         !(cond) && hak_test_now_ms() - t0_ < l_;)                                                 \
     other_work()
 
 /* Resident pages among the first byte of each block's pages. */

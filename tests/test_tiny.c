@@ -723,7 +723,13 @@ static void rx_segv(int sig, siginfo_t *si, void *ctx) {
     if (pg && a >= pg && a < pg + 2 * HAK_PAGE_SIZE) {
         if (rx_is_freer) {
             atomic_store(&rx_stalled, 1);
-            for (int i = 0; i < 2000 && maps_writable(rx_block); i++) {
+            /* Until the owner's exit has unmapped the SuperSlab (a
+             * millisecond at most here, in every build), within a hang
+             * limit (scaled: tests/timing.h; it was 2000 naps, however long
+             * they took): a freer that went on before the unmapping would
+             * not have had the race meant. */
+            int64_t t0 = hak_test_now_ms(), limit = hak_test_limit_ms(2000);
+            while (maps_writable(rx_block) && hak_test_now_ms() - t0 < limit) {
                 struct timespec ts = {0, 1000000};
                 nanosleep(&ts, NULL);
             }
