@@ -76,13 +76,27 @@ static void dump_beside_a_held_lock(void *arg) {
     char path[128];
     snprintf(path, sizeof path, "%s/held.heap", dir);
     prof_fork_prepare();
-    int64_t t0 = now_ms();
-    errno = 0;
-    CHILD_CHECK(prof_dump(path) == -1);
-    CHILD_CHECK(errno == EDEADLK);
-    int64_t waited = now_ms() - t0;
-    CHILD_CHECK(waited >= 900 && waited < 1600); /* (by the clock: 20000 naps took 2.3 s) */
-    prof_exit();                                 /* the same wait, then a line */
+    /* A second by the clock, then it gives up: at least 900 ms, and not
+     * much more (20000 naps counted took 2.3 s). On a busy machine the
+     * thread may not be running when its second is up, and return late:
+     * the lock is still held, so the dump is tried again, up to three
+     * times; one of them must end within 600 ms of its second (counted naps
+     * would run late every time, the more so on a busy machine). */
+    int64_t best = INT64_MAX;
+    for (int i = 0; i < 3 && best >= 1600; i++) {
+        int64_t t0 = now_ms();
+        errno = 0;
+        CHILD_CHECK(prof_dump(path) == -1);
+        CHILD_CHECK(errno == EDEADLK);
+        int64_t waited = now_ms() - t0;
+        CHILD_CHECK(waited >= 900);
+        if (waited < best) best = waited;
+    }
+    if (best >= 1600) {
+        fprintf(stderr, "the dump gave up %lld ms after it began, at best of 3\n", (long long)best);
+        _exit(1);
+    }
+    prof_exit(); /* the same wait, then a line */
     prof_fork_release();
     CHILD_CHECK(prof_dump(path) == 0);
     CHILD_CHECK(file_size(path) > 0);
