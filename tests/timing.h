@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,7 +157,8 @@ static inline void hak_test_alarm(int64_t base_ms, const char *what) {
                                                                  : sizeof hak_test_alarm_msg - 1;
     signal(SIGALRM, hak_test_on_alarm);
     int64_t ms = hak_test_limit_ms(base_ms);
-    alarm((unsigned)((ms + 999) / 1000));
+    struct itimerval it = {{0, 0}, {(time_t)(ms / 1000), (suseconds_t)(ms % 1000 * 1000)}};
+    setitimer(ITIMER_REAL, &it, NULL); /* (alarm's timer: alarm(0) cancels it) */
 }
 
 #endif
