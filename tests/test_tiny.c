@@ -357,9 +357,10 @@ static void test_remote_frees_under_concurrency(void **state) {
     /* Every block came back to its slab: the owner's exit gave each of its
      * slabs back (a block lost on the way would leave one an orphan). */
     uint32_t orphans = 0;
+    assert_true(maps_snapshot()); /* (nothing below maps or unmaps) */
     for (uint32_t i = 0; i < RC_N; i++) {
         void *p = rc_blocks[i];
-        if (!maps_writable(p)) continue; /* given back since */
+        if (!maps_snapshot_writable(p)) continue; /* given back since */
         struct ss_slab *s = ss_slab_of(p);
         if (s->state == SS_ACTIVE && atomic_load(&s->owner) == SS_NO_OWNER) orphans++;
     }
