@@ -16,17 +16,17 @@
  *    children of a few milliseconds. Known from the compiler's sanitizer
  *    macros (gcc has none for UBSan: its UBSan builds count as debug ones);
  *  - HAKMEM_TEST_TIME_SCALE, a positive number (default 1), for a slower or
- *    busier machine: 3 makes every limit three times longer. The test
- *    scripts stretch their own limits by the same variable. A value that
- *    is not a positive number stops the program at start-up with a line
- *    saying so: no test runs with a limit nobody asked for.
+ *    busier machine: 3 makes every limit three times longer (the test
+ *    scripts are to stretch their own limits by the same variable). A
+ *    value that is not a positive number stops the program at start-up
+ *    with a line saying so: no test runs with a limit nobody asked for.
  *
  * Waits that are part of a test's logic (an age to pass, a window that an
  * assertion needs) are not stretched this way: each test says why its
  * timing holds. Messages on a timeout name the limit and how to raise it.
  *
- * Include after <stdlib.h> and friends; needs _GNU_SOURCE (the Makefile's
- * -D_GNU_SOURCE: program_invocation_short_name). */
+ * Needs _GNU_SOURCE (the Makefile's -D_GNU_SOURCE):
+ * program_invocation_short_name. */
 #ifndef HAK_TEST_TIMING_H
 #define HAK_TEST_TIMING_H
 
