@@ -145,11 +145,11 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=out/fuzz/%) $(FUZZ_SRCS:tests/fuzz/%.c=o
 FUZZ_CC = $(SAN_CC) -std=c11 -D_GNU_SOURCE -O1 -g -pthread -Wall -Wextra -Werror -Iinclude -Icore \
 	-DHAK_FAULT_INJECT -fno-omit-frame-pointer -fsanitize=fuzzer $(FUZZ_FLAGS)
 
-out/fuzz/%_check: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.h)
+out/fuzz/%_check: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -DFUZZ_CHECKED $< -o $@ out/fuzz/libhakmem.a -pthread
 
-out/fuzz/%: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.h)
+out/fuzz/%: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $< -o $@ out/fuzz/libhakmem.a -pthread
 
