@@ -23,6 +23,8 @@
 # same limit (ratios are measured in this run, against glibc, never against
 # stored figures).
 #
+# The cases run side by side, TEST_JOBS at a time (tests/lib.sh), their lines
+# printed in a fixed order.
 # Environment: LIB (default out/release/libhakmem.so); OOM_EXTRA_LIBS, a
 # space-separated list of other malloc libraries whose figures are printed
 # under each case for comparison (`    also LIB: ...`), never checked.
@@ -32,6 +34,7 @@
 #    LD_PRELOAD=$PWD/out/release/libhakmem.so out/oom/oom_tiers l25)
 # (maps at exhaustion and after the frees, and malloc_stats(), see
 # oom_tiers.c; py_fill.py takes OOM_MAPS_DIR too).
+# shellcheck disable=SC2317 # (the case functions are called through start_case)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=$ROOT/tests/oom
@@ -70,7 +73,24 @@ fail() {
     printf '%s' "$also"
     also=
 }
+# Cases run side by side, TEST_JOBS at a time (tests/lib.sh: each is one
+# program at a time, and limits hold per process): start_case CMD... starts one, its
+# lines to a file of its own, printed in order by finish.
+case_outs=()
+start_case() {
+    wait_for_slot
+    local out=$TMP/case.${#case_outs[@]}
+    case_outs+=("$out")
+    ("$@") >"$out" 2>&1 &
+}
 finish() {
+    wait
+    local out
+    for out in "${case_outs[@]+"${case_outs[@]}"}"; do
+        cat "$out"
+        passed=$((passed + $(grep -c '^PASS oom/' "$out" || true)))
+        failed=$((failed + $(grep -c '^FAIL oom/' "$out" || true)))
+    done
     echo "oom: $passed passed, $failed failed"
     if [ "$failed" -eq 0 ]; then exit 0; fi
     exit 1
@@ -212,12 +232,12 @@ tiers_case() {
 # 150000: just above the point where a 128 MiB reservation fits.
 for kib in 100000 150000 300000; do
     for tier in tiny smallmid pool l25 large mixed; do
-        tiers_case "tiers-$kib-$tier" "$kib" "$tier"
+        start_case tiers_case "tiers-$kib-$tier" "$kib" "$tier"
     done
 done
-tiers_case tiers-1000000-mixed 1000000 mixed
-tiers_case seq-100000 100000 tiny smallmid pool l25 large mixed
-tiers_case seq-300000 300000 large l25 pool smallmid tiny mixed
+start_case tiers_case tiers-1000000-mixed 1000000 mixed
+start_case tiers_case seq-100000 100000 tiny smallmid pool l25 large mixed
+start_case tiers_case seq-300000 300000 large l25 pool smallmid tiny mixed
 
 # ---- python -------------------------------------------------------------------
 # python_case NAME KIB MODE PYTHONMALLOC: py_fill.py MODE (PYTHONMALLOC
@@ -280,9 +300,9 @@ python_case() {
 
 for kib in 100000 300000; do
     # 1 MiB bytearrays, Python's own small-object allocator as shipped.
-    python_case "python-bytes-$kib" "$kib" bytes ""
+    start_case python_case "python-bytes-$kib" "$kib" bytes ""
     # Small objects, each a malloc (and the list's array grown by realloc).
-    python_case "python-objects-$kib" "$kib" objects malloc
+    start_case python_case "python-objects-$kib" "$kib" objects malloc
 done
 
 # ---- sort ---------------------------------------------------------------------
@@ -359,13 +379,13 @@ sort_case() {
 }
 
 # Holds it all: the default buffer (half the limit) takes the whole input.
-sort_case sort-inmem-1000000 1000000 sorted "$TMP/lines.txt" "$LINES_REF"
+start_case sort_case sort-inmem-1000000 1000000 sorted "$TMP/lines.txt" "$LINES_REF"
 # Cannot hold it all: malloc of 1 GiB fails, sort halves its buffer until one
 # fits and merges through temporary files.
-sort_case sort-spill-100000 100000 sorted "$TMP/lines.txt" "$LINES_REF" -S 1G
+start_case sort_case sort-spill-100000 100000 sorted "$TMP/lines.txt" "$LINES_REF" -S 1G
 # Tighter still: glibc's sort needs about 11 MB of address space here.
-sort_case sort-spill-30000 30000 sorted "$TMP/lines.txt" "$LINES_REF" -S 1G
+start_case sort_case sort-spill-30000 30000 sorted "$TMP/lines.txt" "$LINES_REF" -S 1G
 # No allocator can: one line is bigger than the whole limit.
-sort_case sort-longline-60000 60000 exhausted "$TMP/long.txt" "$LONG_REF"
+start_case sort_case sort-longline-60000 60000 exhausted "$TMP/long.txt" "$LONG_REF"
 
 finish

@@ -17,7 +17,7 @@ trap 'rm -rf "$TMP"' EXIT
 # one N OUT: runs test N (name or name:check), its output to OUT, and its
 # one line, or a FAIL line saying how it ended, to OUT.line.
 one() {
-    local n=${1%:check} out=$2 rc=0 line mark='' envs=()
+    local n=${1%:check} out=$2 rc=0 line mark='' envs=() t0=$SECONDS
     if [ "$1" != "$n" ]; then
         mark=" (HAKMEM_CHECK=1)"
         envs=(HAKMEM_CHECK=1)
@@ -27,7 +27,7 @@ one() {
     timeout -k 10 "$(scaled_limit 3600)" env "${envs[@]}" "tests/real/$n.sh" >"$out" 2>&1 || rc=$?
     line=$(grep -E "^(PASS|FAIL) real/$n" "$out" | tail -n 1) || true
     if [ "$rc" -eq 0 ] && [ "${line#PASS}" != "$line" ]; then
-        echo "$line$mark"
+        echo "$line (${mark:+HAKMEM_CHECK=1, }$((SECONDS - t0)) s)"
     elif [ "${line#FAIL}" != "$line" ]; then
         echo "FAIL real/$n$mark:${line#FAIL real/"$n":}"
     else
