@@ -662,20 +662,20 @@ int main(int argc, char **argv) {
 #endif
     hak_cfg.hugepages = true; /* Large mappings ask for huge pages: one more call */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_uncommit_refused_still_zero),
-        cmocka_unit_test(test_uncommit_refused_clears_only_used_pages),
-        cmocka_unit_test(test_each_call_failing_once),
-        cmocka_unit_test(test_every_call_failing_from_each_point),
-        cmocka_unit_test(test_range_growth_refused),
-        cmocka_unit_test(test_trim_unmap_refused),
-        cmocka_unit_test(test_realloc_remap_refused),
-        cmocka_unit_test(test_free_sized_after_refused_growth),
-        cmocka_unit_test(test_free_keeps_errno_when_unmap_refused),
-        cmocka_unit_test(test_sweeps_under_mlockall),
-        cmocka_unit_test(test_odd_growth_steps_stay_whole),
-        cmocka_unit_test(test_commit_refused_under_limit_ends),
-        cmocka_unit_test(test_impossible_sizes_trim_nothing),
-        cmocka_unit_test(test_locks_free_and_sites_covered),
+        cmocka_unit_test_teardown(test_uncommit_refused_still_zero, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_uncommit_refused_clears_only_used_pages, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_each_call_failing_once, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_every_call_failing_from_each_point, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_range_growth_refused, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_trim_unmap_refused, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_realloc_remap_refused, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_free_sized_after_refused_growth, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_free_keeps_errno_when_unmap_refused, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_sweeps_under_mlockall, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_odd_growth_steps_stay_whole, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_commit_refused_under_limit_ends, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_impossible_sizes_trim_nothing, hak_test_alarm_off),
+        cmocka_unit_test_teardown(test_locks_free_and_sites_covered, hak_test_alarm_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -388,7 +388,7 @@ int main(void) {
         cmocka_unit_test(test_fork_while_threads_allocate),
         cmocka_unit_test(test_fork_from_other_thread),
         cmocka_unit_test(test_nested_fork),
-        cmocka_unit_test(test_fork_with_allocating_handlers),
+        cmocka_unit_test_teardown(test_fork_with_allocating_handlers, hak_test_alarm_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -363,7 +363,7 @@ int main(void) {
         cmocka_unit_test(test_reserve_commit_uncommit),
         cmocka_unit_test(test_reserve_under_mlockall),
         cmocka_unit_test(test_reserve_at),
-        cmocka_unit_test(test_mlockall_after_start),
+        cmocka_unit_test_teardown(test_mlockall_after_start, hak_test_alarm_off),
         cmocka_unit_test(test_populate_unaligned_refusal_not_sticky),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
