@@ -14,9 +14,11 @@
  *
  * "Within twice the age" is the thread's schedule: it sleeps until things
  * are due, then gives them back. On a slow or busy machine the giving back
- * takes longer, and the thread waits for a CPU: that time, its CPU time and
- * its wait on the run queue (/proc/self/task/<tid>/schedstat), and how late
- * the sampling was, are not counted against the schedule (struct bg_cost). */
+ * takes longer, and the thread waits for a CPU: that time, its wait on the
+ * run queue (/proc/self/task/<tid>/schedstat), its CPU time up to a bound
+ * (a pass that really takes long, or a thread that polls instead of
+ * sleeping, must still fail), and how late the sampling was, are not counted
+ * against the schedule (struct bg_cost). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,38 +120,45 @@ static int bg_tid(void) {
     return tid;
 }
 
-/* What a slow or busy machine cost the ageing thread since a mark: the CPU
- * time it used and the time it waited for a CPU, ms (0 without the thread
- * or without /proc/<pid>/task/<tid>/schedstat). */
+/* What a slow or busy machine cost the ageing thread since a mark, ms: the
+ * time it waited for a CPU, and the CPU time it used up to CPU_CREDIT_BASE_MS
+ * (scaled: tests/timing.h; its passes take a few ms of CPU here); 0 without
+ * the thread or without /proc/<pid>/task/<tid>/schedstat. */
+#define CPU_CREDIT_BASE_MS (AGE_MS / 2)
 struct bg_cost {
     int tid;
-    uint64_t ns; /* CPU time + run-queue wait at the mark */
+    uint64_t cpu, wait; /* ns at the mark */
 };
 
-static uint64_t bg_ns(int tid) {
+static bool bg_ns(int tid, uint64_t *cpu, uint64_t *wait) {
     char path[64], buf[128];
     snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", tid);
     int fd = open(path, O_RDONLY);
-    if (fd < 0) return 0;
+    if (fd < 0) return false;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
-    if (n <= 0) return 0;
+    if (n <= 0) return false;
     buf[n] = 0;
-    unsigned long long cpu = 0, wait = 0;
-    if (sscanf(buf, "%llu %llu", &cpu, &wait) != 2) return 0;
-    return cpu + wait;
+    unsigned long long c = 0, w = 0;
+    if (sscanf(buf, "%llu %llu", &c, &w) != 2) return false;
+    *cpu = c;
+    *wait = w;
+    return true;
 }
 
 static struct bg_cost bg_mark(void) {
-    struct bg_cost c = {bg_tid(), 0};
-    if (c.tid >= 0) c.ns = bg_ns(c.tid);
+    struct bg_cost c = {bg_tid(), 0, 0};
+    if (c.tid >= 0 && !bg_ns(c.tid, &c.cpu, &c.wait)) c.tid = -1;
     return c;
 }
 
 static int64_t bg_cost_ms(const struct bg_cost *c) {
-    if (c->tid < 0) return 0;
-    uint64_t ns = bg_ns(c->tid);
-    return ns > c->ns ? (int64_t)((ns - c->ns) / 1000000) : 0;
+    uint64_t cpu, wait;
+    if (c->tid < 0 || !bg_ns(c->tid, &cpu, &wait)) return 0;
+    int64_t cpu_ms = cpu > c->cpu ? (int64_t)((cpu - c->cpu) / 1000000) : 0;
+    int64_t wait_ms = wait > c->wait ? (int64_t)((wait - c->wait) / 1000000) : 0;
+    int64_t credit = hak_test_limit_ms(CPU_CREDIT_BASE_MS);
+    return wait_ms + (cpu_ms < credit ? cpu_ms : credit);
 }
 
 /* Waits for the ageing thread to give back, at most this long (scaled:
@@ -561,8 +570,11 @@ static void test_exit_is_clean(void **state) {
         assert_int_equal(sscanf(after, "after %lld ms bg %d\n", &ms, &bg), 2);
         assert_int_equal(bg, 0); /* (the join did not give up after its second) */
         /* At once: 30 ms at most here, 100 ms under TSan; on a slow or busy
-         * machine the thread's pass ends later (scaled: tests/timing.h). */
-        assert_true(ms >= 0 && ms < hak_test_limit_ms(500));
+         * machine the thread's pass ends later (scaled: tests/timing.h), but
+         * below the destructor's own 1 s bound on the join (else a thread
+         * not woken, joined when it wakes by itself, would pass). */
+        int64_t at_once = hak_test_limit_ms(500);
+        assert_true(ms >= 0 && ms < (at_once < 900 ? at_once : 900));
         assert_int_equal(strchr(after, '\n') + 1 - d.err, (long)d.len); /* no other line */
     }
     print_message("%d of 8 exits came in the middle of a pass\n", mid);
