@@ -160,7 +160,8 @@ tests: release debug $(TEST_BINS) out/tests/test_cxx out/tests/cxx_prog out/test
 
 # The builds are independent files: as many compilers as cores (unless -j was given).
 NPROC := $(shell nproc 2>/dev/null || echo 2)
-SUBMAKE_J := $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
+# (Deferred: MAKEFLAGS holds -j only once the makefile has been read.)
+SUBMAKE_J = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC))
 
 test:
 	@tests/deps.sh

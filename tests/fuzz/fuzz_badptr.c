@@ -53,7 +53,7 @@
 /* A child still running after this (scaled: tests/timing.h, 3 times for
  * this ASan build: 9 s) is killed as hung. The children take 6 ms (median),
  * 37 ms at most (checked mode), here: 3 s is 80 times that. Scaled alike,
- * it stays under libFuzzer's -timeout of tests/fuzz/run.sh (60 s, scaled by
+ * it stays under libFuzzer's -timeout of tests/fuzz/run.sh (20 s, scaled by
  * HAKMEM_TEST_TIME_SCALE), so that a hang is reported here, with its case. */
 #define BAD_LIMIT_BASE_MS 3000
 
