@@ -4,7 +4,8 @@
 # (out/tsan/tests) (each of their tests counts), the project checks (OS
 # boundary, install, static analysis), the heap-bug gate, the fuzzers, the out-of-memory
 # programs and the real-program tests (one each). Last line: "tests: N passed, M failed". Exits non-zero if
-# anything failed or any binary crashed.
+# anything failed or any binary crashed. `tests/run.sh --bins DIR[:VAR=VAL,...]
+# ...` runs those cmocka binaries only (tests/check_harness.sh uses it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CMOCKA_MESSAGE_OUTPUT=stdout
@@ -35,36 +36,46 @@ source tests/lib.sh
 # progress, not on the binary's total time, which grows with the suite.
 STALL=$(scaled_limit 600)
 
-# watch_bin B OUT [VAR=VAL...]: runs cmocka binary B in its environment plus
-# VAR=VAL, output to OUT, then writes "STATUS SECONDS" to OUT.rc; killed with
-# every process it started (its own process group) once OUT has not grown for
-# STALL seconds: status 124.
+# And one still printing after this long loops (a diagnostic over and over).
+TOTAL=$(scaled_limit 3600)
+JOBS_TMP=$log
+JOBS_REPORTER=report_bin
+
+# watch_bin B [VAR=VAL...]: a job (job_start) running cmocka binary B in its
+# environment plus VAR=VAL, its output the job's; killed with every process
+# it started (its own process group) once that output has not grown for STALL
+# seconds or it has run TOTAL: status 124. Else B's status.
 watch_bin() {
-    local b=$1 out=$2 t0=$SECONDS size last=-1 quiet_from=$SECONDS nap=0.05 rc=0 hung=0
-    shift 2
-    setsid env "$@" "$b" </dev/null >"$out" 2>&1 &
+    local b=$1 t0=$SECONDS size last=-1 quiet_from=$SECONDS nap=0.05 rc=0 hung=0
+    shift
+    setsid env "$@" "$b" </dev/null &
     local pid=$!
     while kill -0 "$pid" 2>/dev/null; do
         sleep "$nap"
         [ "$nap" = 0.5 ] || nap=$([ "$nap" = 0.05 ] && echo 0.2 || echo 0.5)
-        size=$(stat -c %s "$out" 2>/dev/null) || size=0
+        size=$(stat -c %s "$JOB_OUT" 2>/dev/null) || size=0
         if [ "$size" != "$last" ]; then
             last=$size
             quiet_from=$SECONDS
-        elif [ $((SECONDS - quiet_from)) -ge "$STALL" ] && [ "$hung" -eq 0 ]; then
+        fi
+        if [ "$hung" -eq 0 ] && { [ $((SECONDS - quiet_from)) -ge "$STALL" ] ||
+            [ $((SECONDS - t0)) -ge "$TOTAL" ]; }; then
             hung=1
             kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
         fi
     done
-    wait "$pid" || rc=$?
+    wait "$pid" 2>/dev/null || rc=$?
     [ "$hung" -eq 0 ] || rc=124
-    echo "$rc $((SECONDS - t0))" >"$out.rc"
+    return "$rc"
 }
 
-# report_bin B OUT: counts and prints the result of a finished watch_bin.
+# report_bin B OUT STATUS SECONDS: a REPORTER (jobs_flush) for watch_bin:
+# counts and prints B's result, and adds SECONDS to its directory's time.
+declare -A dir_secs=()
 report_bin() {
-    local b=$1 out=$2 rc secs p f summary why
-    read -r rc secs <"$out.rc"
+    local b=$1 out=$2 rc=$3 secs=$4 p f summary why d
+    d=$(dirname "$b")
+    dir_secs[$d]=$((${dir_secs[$d]:-0} + secs))
     # Summary lines: "[  PASSED  ] N test(s)." and "[  FAILED  ] N test(s), ..."
     p=$(grep -oE '\[  PASSED  \] [0-9]+ test' "$out" | grep -oE '[0-9]+' | tail -n 1) || true
     f=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$out" | grep -oE '[0-9]+' | tail -n 1) || true
@@ -79,8 +90,8 @@ report_bin() {
     f=${f:-0}
     why=
     if [ "$rc" -eq 124 ]; then
-        why="hung: no output for $STALL s, killed during $(grep -E '^\[ RUN      \]' "$out" |
-            tail -n 1 | sed 's/^\[ RUN      \] //')"
+        why="hung: no output for $STALL s or running for $TOTAL s, killed during $(grep -E \
+            '^\[ RUN      \]' "$out" | tail -n 1 | sed 's/^\[ RUN      \] //')"
     elif [ "$rc" -gt 128 ]; then
         why="crashed with signal $((rc - 128))"
     elif [ "$summary" -eq 0 ]; then
@@ -113,22 +124,20 @@ report_bin() {
 }
 
 # run_bins DIR:VAR=VAL,... ...: every cmocka binary DIR/test_* of each DIR,
-# in the environment after its colon, TEST_JOBS at a time; the results in a fixed
-# order, each printed as soon as it and those before it are done; at the end
-# each DIR's binaries' times added up (where the time goes).
+# in the environment after its colon, TEST_JOBS at a time; the results in a
+# fixed order, each printed as soon as it and those before it are done; at
+# the end each DIR's binaries' times added up (where the time goes).
 run_bins() {
-    local spec dir b i next=0
-    local bins=() outs=() envs=()
-    local -A secs=()
+    local spec dir b found
     shopt -s nullglob
     for spec in "$@"; do
         dir=${spec%%:*}
-        local found=0
+        found=0
         for b in "$dir"/test_*; do
             if [ ! -f "$b" ] || [ ! -x "$b" ]; then continue; fi
-            bins+=("$b")
-            outs+=("$log/$(echo "$b" | tr / _).out")
-            envs+=("${spec#*:}")
+            local envs=${spec#*:}
+            # shellcheck disable=SC2086 # VAR=VAL words
+            job_start "$b" watch_bin "$b" ${envs//,/ }
             found=1
         done
         if [ "$found" -eq 0 ]; then
@@ -136,25 +145,10 @@ run_bins() {
             failed=$((failed + 1))
         fi
     done
-    report_next() {
-        report_bin "${bins[$next]}" "${outs[$next]}"
-        local d
-        d=$(dirname "${bins[$next]}")
-        secs[$d]=$((${secs[$d]:-0} + $(cut -d' ' -f2 "${outs[$next]}.rc")))
-        next=$((next + 1))
-    }
-    for i in "${!bins[@]}"; do
-        wait_for_slot
-        # shellcheck disable=SC2086 # VAR=VAL words
-        # (stderr: bash's own "Killed" line for a hung binary)
-        watch_bin "${bins[$i]}" "${outs[$i]}" ${envs[$i]//,/ } 2>/dev/null &
-        while [ "$next" -lt "$i" ] && [ -f "${outs[$next]}.rc" ]; do report_next; done
-    done
-    wait
-    while [ "$next" -lt "${#bins[@]}" ]; do report_next; done
+    jobs_flush report_bin all
     for spec in "$@"; do
         dir=${spec%%:*}
-        echo "    ${secs[$dir]:-0} s in the binaries of ${dir#"$log"/}"
+        echo "    ${dir_secs[$dir]:-0} s in the binaries of ${dir#"$log"/}"
     done
 }
 
@@ -180,6 +174,15 @@ run_script() {
     failed=$((failed + rf))
 }
 
+# `tests/run.sh --bins DIR:VAR=VAL,... ...`: those cmocka binaries only.
+if [ "${1:-}" = --bins ]; then
+    shift
+    run_bins "$@"
+    echo "tests: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ] && [ "$crashed" -eq 0 ]
+    exit
+fi
+
 # The cmocka suite against the debug build, then against the checked builds
 # (docs/RELIABILITY.md): UBSan stops at the first report; TSan reports every
 # race (exit status 66). TSan's lock-order detector is off: it cannot track
@@ -204,9 +207,11 @@ step_done "cmocka suites (debug, ubsan, tsan, checked mode; $TEST_JOBS at a time
 # working shared and static link; the hakmem command runs programs on the
 # library; the heap profiler's profiles read by google-pprof; its stack
 # walker after a library is unloaded and another loaded in its place; the bench
-# report's ratios and chart (bench/chart.py) from synthetic results.
+# report's ratios and chart (bench/chart.py) from synthetic results; the
+# harness itself (a hung, crashed or silent program is counted so).
 for check in tests/check_os_boundary.sh tests/check_layers.sh tests/check_install.sh \
-    tests/check_command.sh tests/check_prof.sh tests/check_unwind.sh tests/check_bench_report.sh; do
+    tests/check_command.sh tests/check_prof.sh tests/check_unwind.sh tests/check_bench_report.sh \
+    tests/check_harness.sh; do
     if "$check"; then
         passed=$((passed + 1))
     else

@@ -73,24 +73,17 @@ fail() {
     printf '%s' "$also"
     also=
 }
-# Cases run side by side, TEST_JOBS at a time (tests/lib.sh: each is one
-# program at a time, and limits hold per process): start_case CMD... starts one, its
-# lines to a file of its own, printed in order by finish.
-case_outs=()
-start_case() {
-    wait_for_slot
-    local out=$TMP/case.${#case_outs[@]}
-    case_outs+=("$out")
-    ("$@") >"$out" 2>&1 &
-}
+# Cases run side by side, TEST_JOBS at a time (tests/lib.sh's jobs: each is
+# one program at a time, and limits hold per process): start_case FN NAME ...
+# starts one; their lines come in order; one that ends without its line (set
+# -e, a signal) is a FAIL too.
+JOBS_TMP=$TMP
+JOBS_REPORTER="report_lines oom"
+start_case() { job_start "$2" "$@"; }
 finish() {
-    wait
-    local out
-    for out in "${case_outs[@]+"${case_outs[@]}"}"; do
-        cat "$out"
-        passed=$((passed + $(grep -c '^PASS oom/' "$out" || true)))
-        failed=$((failed + $(grep -c '^FAIL oom/' "$out" || true)))
-    done
+    jobs_flush "$JOBS_REPORTER" all
+    passed=$((passed + lines_passed))
+    failed=$((failed + lines_failed))
     echo "oom: $passed passed, $failed failed"
     if [ "$failed" -eq 0 ]; then exit 0; fi
     exit 1
@@ -191,7 +184,7 @@ tiers_case() {
     for lib in $EXTRA_LIBS; do
         local x=$TMP/$name.extra xrc=0
         limited "$kib" "$lib" "$x.out" "$x.err" "$SECS" "$BIN" "$@" || xrc=$?
-        also+="    also $(libname "$lib"): $(mib "$(awk '$1 ~ /\.round1$/ { s += $2 } END { print s + 0 }' "$x.out")") MiB, status $xrc $(trouble "$xrc" "$x.err")$(grep -m1 '^error:' "$x.out" | cut -c1-120)"$'\n'
+        also+="    also $(libname "$lib"): $(mib "$(awk '$1 ~ /\.round1$/ { s += $2 } END { print s + 0 }' "$x.out")") MiB, status $xrc $(trouble "$xrc" "$x.err")$(grep -m1 '^error:' "$x.out" | cut -c1-120 || true)"$'\n'
     done
     why=$(trouble "$rc" "$h.err")
     if [ -n "$why" ]; then

@@ -14,10 +14,10 @@ names=("$@")
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/hakmem-real.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 
-# one N OUT: runs test N (name or name:check), its output to OUT, and its
-# one line, or a FAIL line saying how it ended, to OUT.line.
+# one N: runs test N (name or name:check) and prints its one line, with the
+# mark and its time, or a FAIL line saying how it ended.
 one() {
-    local n=${1%:check} out=$2 rc=0 line mark='' envs=() t0=$SECONDS
+    local n=${1%:check} out=$TMP/$1.out rc=0 line mark='' envs=() t0=$SECONDS
     if [ "$1" != "$n" ]; then
         mark=" (HAKMEM_CHECK=1)"
         envs=(HAKMEM_CHECK=1)
@@ -32,22 +32,20 @@ one() {
         echo "FAIL real/$n$mark:${line#FAIL real/"$n":}"
     else
         echo "FAIL real/$n$mark: script exited with status $rc: $(tail -n 1 "$out")"
-    fi >"$out.line"
+    fi
 }
 
-for i in "${!names[@]}"; do
-    n=${names[$i]%:check}
-    [ -f "tests/real/$n.sh" ] || {
-        echo "FAIL real/$n: no tests/real/$n.sh"
+for n in "${names[@]}"; do
+    [ -f "tests/real/${n%:check}.sh" ] || {
+        echo "FAIL real/$n: no tests/real/${n%:check}.sh"
         exit 1
     }
-    wait_for_slot
-    one "${names[$i]}" "$TMP/$i.out" &
 done
-wait
-failed=0
-for i in "${!names[@]}"; do
-    cat "$TMP/$i.out.line"
-    grep -q '^PASS' "$TMP/$i.out.line" || failed=$((failed + 1))
+# Side by side, their lines in the order given (tests/lib.sh's jobs).
+JOBS_TMP=$TMP
+JOBS_REPORTER="report_lines real"
+for n in "${names[@]}"; do
+    job_start "$n" one "$n"
 done
-[ "$failed" -eq 0 ]
+jobs_flush "$JOBS_REPORTER" all
+[ "$lines_failed" -eq 0 ]
