@@ -33,9 +33,13 @@ TSAN_FLAGS   := -fsanitize=thread
 FUZZ_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=all
 UBSAN_CFLAGS := $(CHECK_CFLAGS) $(UBSAN_FLAGS)
 TSAN_CFLAGS  := $(CHECK_CFLAGS) $(TSAN_FLAGS) -DHAK_NO_OVERRIDE
+# The count build (make count): the release build with ThreadSanitizer's
+# instrumentation but not its runtime: tests/scale/count.c takes the hooks and
+# counts atomics, locks and cache lines shared between threads, by call site.
+COUNT_CFLAGS := $(RELEASE_CFLAGS) -fsanitize=thread -DHAK_COUNT
 FUZZ_CFLAGS  := $(CHECK_CFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -DHAK_NO_OVERRIDE
 
-.PHONY: all release debug checked tests test fuzz soak bench bench-bins bench-instr install clean format
+.PHONY: all release debug count checked tests test fuzz soak bench bench-bins bench-instr install clean format
 
 all: release
 
@@ -63,9 +67,18 @@ $(eval $(call lib_rules,debug,DEBUG_CFLAGS,CC))
 $(eval $(call lib_rules,ubsan,UBSAN_CFLAGS,SAN_CC))
 $(eval $(call lib_rules,tsan,TSAN_CFLAGS,SAN_CC))
 $(eval $(call lib_rules,fuzz,FUZZ_CFLAGS,SAN_CC))
+$(eval $(call lib_rules,count,COUNT_CFLAGS,CC))
+
+# The count build's runtime: linked in, not instrumented.
+out/count/obj/count_rt.o: tests/scale/count.c Makefile
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -pthread -fvisibility=hidden \
+		-ftls-model=initial-exec -Wall -Wextra -Werror -c $< -o $@
+out/count/libhakmem.so.$(VERSION): out/count/obj/count_rt.o
 
 release: out/release/libhakmem.so out/release/libhakmem.a out/release/hakmem
 debug: out/debug/libhakmem.so out/debug/libhakmem.a
+count: out/count/libhakmem.so
 
 # ---- the hakmem command (docs/hakmem.1) ----------------------------------------
 # It preloads the library found at CMD_LIBDIR_REL from its own directory (the
@@ -156,7 +169,8 @@ out/fuzz/%: tests/fuzz/%.c out/fuzz/libhakmem.a $(HDRS) $(wildcard tests/fuzz/*.
 checked: $(UBSAN_TEST_BINS) $(TSAN_TEST_BINS) $(FUZZ_BINS)
 
 tests: release debug $(TEST_BINS) out/tests/test_cxx out/tests/cxx_prog out/tests/cxx_prog_linked \
-	out/tests/cxx_replaced out/tests/cxx_replaced_static checked
+	out/tests/cxx_replaced out/tests/cxx_replaced_static checked \
+	count out/bench/bench_threads out/bench/bench_larson
 
 # The builds are independent files: as many compilers as cores (unless -j was given).
 NPROC := $(shell nproc 2>/dev/null || echo 2)

@@ -239,11 +239,13 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    bench_count_begin();
     pthread_barrier_wait(&edge_barrier);
     double t0 = bench_now();
     bench_budget_start();
     pthread_barrier_wait(&edge_barrier);
     double elapsed = bench_now() - t0;
+    bench_count_end(threads * rounds_done * steps);
     for (uint32_t t = 0; t < nthreads; t++)
         pthread_join(tid[t], NULL);
 

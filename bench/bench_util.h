@@ -4,6 +4,7 @@
 #ifndef BENCH_UTIL_H
 #define BENCH_UTIL_H
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -219,6 +220,26 @@ static inline void bench_report(uint64_t ops, double elapsed, uint64_t check, ui
     const char *chk = getenv("HAKMEM_BENCH_CHECK");
     if (chk != NULL && chk[0] != '\0' && strcmp(chk, "0") != 0)
         fprintf(stderr, "checksum = %016" PRIx64 "\n", check);
+}
+
+/* The count build (make count, tests/scale/count.c) counts atomics, locks
+ * and cache lines shared between threads, by call site of the allocator.
+ * Preloaded, its entry points are found here: a bench that calls
+ * bench_count_begin where its timed phase starts and bench_count_end(ops)
+ * where it ends prints the counts per op ("count ..." lines); under any other
+ * allocator both do nothing. */
+static inline void bench_count_begin(void) {
+    void (*begin)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "hak_count_begin");
+    if (begin) begin();
+}
+
+static inline void bench_count_end(uint64_t ops) {
+    void (*end)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "hak_count_end");
+    void (*print)(FILE *, double) =
+        (void (*)(FILE *, double))dlsym(RTLD_DEFAULT, "hak_count_print");
+    if (end == NULL || print == NULL) return;
+    end();
+    print(stdout, ops ? (double)ops : 1.0);
 }
 
 #endif

@@ -18,8 +18,20 @@
 
 extern HAK_HIDDEN __thread bool hak_in_fork;
 
+/* The count build (make count, tests/scale/count.c) counts every lock taken,
+ * by call site. */
+#ifdef HAK_COUNT
+HAK_HIDDEN void hak_count_lock(void);
+#define HAK_COUNT_LOCK() hak_count_lock()
+#else
+#define HAK_COUNT_LOCK() ((void)0)
+#endif
+
 static inline void hak_lock(pthread_mutex_t *m) {
-    if (hak_likely(!hak_in_fork)) pthread_mutex_lock(m);
+    if (hak_likely(!hak_in_fork)) {
+        HAK_COUNT_LOCK();
+        pthread_mutex_lock(m);
+    }
 }
 
 static inline void hak_unlock(pthread_mutex_t *m) {
@@ -64,6 +76,7 @@ static __attribute__((cold, noinline)) void hak_spin_wait(hak_spin *l) {
 
 static inline void hak_spin_lock(hak_spin *l) {
     if (hak_unlikely(hak_in_fork)) return;
+    HAK_COUNT_LOCK();
     if (hak_unlikely(atomic_exchange_explicit(&l->held, true, memory_order_acquire)))
         hak_spin_wait(l);
 }
@@ -71,8 +84,11 @@ static inline void hak_spin_lock(hak_spin *l) {
 /* Take it if it is free; true when taken (or inside the fork window). */
 static inline bool hak_spin_trylock(hak_spin *l) {
     if (hak_unlikely(hak_in_fork)) return true;
-    return !atomic_load_explicit(&l->held, memory_order_relaxed) &&
-           !atomic_exchange_explicit(&l->held, true, memory_order_acquire);
+    if (atomic_load_explicit(&l->held, memory_order_relaxed) ||
+        atomic_exchange_explicit(&l->held, true, memory_order_acquire))
+        return false;
+    HAK_COUNT_LOCK();
+    return true;
 }
 
 static inline void hak_spin_unlock(hak_spin *l) {
