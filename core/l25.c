@@ -21,6 +21,9 @@ struct l25_shard {
      * first, then the decommitted ones. */
     struct l25_bundle *empty;
     uint32_t nempty;
+    /* Committed empty bundles on `empty` (under the lock; read without it
+     * by l25_steal, which locks only a shard that has one). */
+    _Atomic uint32_t ncommitted;
     uint64_t refills, flushes, carved_bytes;
 };
 
@@ -228,7 +231,12 @@ static inline _Atomic uint32_t *l25_spares_of(size_t span) {
 static void l25_empty_unlink(struct l25_shard *s, struct l25_bundle *b) {
     l25_list_remove(&s->empty, b);
     s->nempty--;
-    if (b->committed) atomic_fetch_sub_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
+    if (b->committed) {
+        atomic_fetch_sub_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
+        atomic_store_explicit(&s->ncommitted,
+                              atomic_load_explicit(&s->ncommitted, memory_order_relaxed) - 1,
+                              memory_order_relaxed);
+    }
 }
 
 /* Work the shard's empty list asks for, done once the lock is dropped. */
@@ -276,6 +284,9 @@ static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l
     l25_list_push(&s->empty, b);
     s->nempty++;
     atomic_fetch_add_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
+    atomic_store_explicit(&s->ncommitted,
+                          atomic_load_explicit(&s->ncommitted, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     l25_tidy_empty(s, b->empty_ms, t);
 }
 
@@ -357,6 +368,9 @@ static struct l25_bundle *l25_steal(uint32_t cls, uint32_t sh) {
     for (uint32_t c = 0; c < SMALL_NCLASSES; c++) {
         for (uint32_t k = 0; k <= L25_SHARDS; k++) {
             struct l25_shard *s = &l25_shards[c][k];
+            /* Only a shard with one is locked (a lock each of the 305
+             * shards was 2 locks an op when blocks crossed threads). */
+            if (atomic_load_explicit(&s->ncommitted, memory_order_relaxed) == 0) continue;
             hak_lock(&s->lock);
             /* Committed ones come first; a shard's bundles share a span. */
             struct l25_bundle *b = s->empty;
@@ -447,50 +461,74 @@ void *l25_alloc_slow(uint32_t cls) {
 
 /* ---- giving blocks back ------------------------------------------------------- */
 
-/* p (a block of b, neither live nor cached) back into b. */
-static void l25_put(struct l25_bundle *b, void *p) {
-    struct l25_shard *s = &l25_shards[b->cls][b->shard];
+/* p (a block of b, neither live nor cached) back into b; true when it is
+ * time for a look at the clock (a purge pass due?). Lock of b's shard s
+ * held; work for after it in *todo. */
+static bool l25_put_locked(struct l25_shard *s, struct l25_bundle *b, void *p,
+                           struct l25_todo *todo) {
     size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
-    struct l25_todo todo = {.n = 0};
-    usage_add(-(int64_t)b->size);
-    hak_lock(&s->lock);
     s->flushes++;
     s->carved_bytes -= b->size;
     b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
     if (b->hint > i >> 6) b->hint = (uint32_t)(i >> 6);
     if (++b->navail == b->nblocks - b->first) {
-        l25_became_empty(s, b, &todo);
+        l25_became_empty(s, b, todo);
     } else if (!b->listed) {
         l25_list_push(&s->partial, b);
         b->listed = true;
     }
-    /* A look at the clock every 64 blocks back: time for a purge pass? */
-    bool look = (s->flushes & 63) == 0;
-    hak_unlock(&s->lock);
-    if (todo.n) l25_release(s, &todo); /* syscalls outside the lock */
+    return (s->flushes & 63) == 0; /* every 64 blocks back */
+}
+
+/* The chain of n blocks from p (linked through their first word, none live
+ * or cached) back into their bundles: one lock for each run of blocks of one
+ * shard, not one a block. */
+static void l25_put_chain(void *p, uint32_t n) {
+    int64_t bytes = 0;
+    bool look = false;
+    while (n) {
+        struct l25_bundle *b = l25_bundle_of(rmap_get(p));
+        struct l25_shard *s = &l25_shards[b->cls][b->shard];
+        struct l25_todo todo = {.n = 0};
+        hak_lock(&s->lock);
+        for (;;) {
+            void *next = *(void **)p;
+            bytes += b->size;
+            look |= l25_put_locked(s, b, p, &todo);
+            p = next;
+            if (--n == 0 || todo.n + 2 > sizeof todo.b / sizeof todo.b[0]) break;
+            /* The next block, while it is of this shard. (Its bundle has a
+             * block out, ours: it cannot be re-cut for another meanwhile.) */
+            b = l25_bundle_of(rmap_get(p));
+            if (&l25_shards[b->cls][b->shard] != s) break;
+        }
+        hak_unlock(&s->lock);
+        if (todo.n) l25_release(s, &todo); /* syscalls outside the lock */
+    }
+    usage_add(-bytes);
     if (hak_unlikely(look)) l25_age();
     bell_ring(); /* a free block, or an empty bundle, to age */
+}
+
+static void l25_put(void *p) {
+    l25_put_chain(p, 1);
 }
 
 /* Move the first n blocks of this thread's cache of cls to their bundles. */
 static void l25_give_back(uint32_t cls, uint32_t n) {
     void *last;
     void *p = tc_take(cls, n, &last);
-    for (uint32_t k = 0; k < n; k++) {
-        void *next = *(void **)p;
-        l25_put(l25_bundle_of(rmap_get(p)), p);
-        p = next;
-    }
+    l25_put_chain(p, n);
 }
 
-void l25_free_slow(void *p, struct l25_bundle *b, uint32_t cls) {
+void l25_free_slow(void *p, uint32_t cls) {
     if (cls < SMALL_FIRST) {
-        l25_put(b, p);
+        l25_put(p);
         return;
     }
     tc_refund(cls);
     if (!hak_tc.open && !tc_thread_start()) {
-        l25_put(b, p);
+        l25_put(p);
         return;
     }
     if (!tc_push(cls, p)) { /* full: give half back */

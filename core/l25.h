@@ -98,9 +98,9 @@ HAK_INLINE int64_t l25_index(const struct l25_bundle *b, const void *p) {
 /* Refill the (open) thread cache of cls and hand out a block; NULL (errno
  * ENOMEM) when out of memory. */
 void *l25_alloc_slow(uint32_t cls);
-/* p, a valid block of b no longer live, could not go into the thread cache
+/* p, a valid block no longer live, could not go into the thread cache
  * (other tier's class, uncached thread, or cache full: room overdrawn). */
-void l25_free_slow(void *p, struct l25_bundle *b, uint32_t cls);
+void l25_free_slow(void *p, uint32_t cls);
 /* One block of any class straight from its bundles, bypassing caches; NULL
  * (errno ENOMEM) when out of memory. */
 void *l25_alloc_uncached(uint32_t cls);
@@ -135,7 +135,7 @@ HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
         return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_L25, small_class_size[b->cls]);
     uint32_t cls = b->cls;
     /* Other tiers' classes never enter the cache: those tiers cache their own. */
-    if (hak_unlikely(cls < SMALL_FIRST || !tc_push(cls, p))) l25_free_slow(p, b, cls);
+    if (hak_unlikely(cls < SMALL_FIRST || !tc_push(cls, p))) l25_free_slow(p, cls);
 }
 
 /* True when p (RMAP_L25 entry e) is a live block. */

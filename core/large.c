@@ -16,6 +16,7 @@
 #include "box/rmap.h"
 #include "box/usage.h"
 #include "sizeclass.h"
+#include "tcache.h"
 #include "sizes.h"
 
 #include <assert.h>
@@ -177,15 +178,19 @@ static struct large_cache large_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* The tier's counters. A thread adds its changes to its own copy and
  * publishes them (an atomic add per counter changed) every LARGE_BATCH
- * changes, once its live bytes not published pass USAGE_SLACK either way
- * (a big block shows at once, in mallinfo2 too), before it reads them, and
- * at its exit: an atomic on a line every thread writes cost ~5 ns, and a
- * sampled small block (a Large block per sample) made seven. Until then
- * another thread's reading misses a running thread's latest few small
- * blocks. Signed: a thread's published frees of blocks another thread
- * allocated may come before that thread's publishing of them. */
+ * changes, once its live bytes not published pass LARGE_PUBLISH_BYTES
+ * either way (a huge block shows at once, in mallinfo2 too), before it
+ * reads them, and at its exit: an atomic on a line every thread writes cost
+ * ~5 ns, a sampled small block (a Large block per sample) made seven, and
+ * a malloc and free of a few MiB published all of them each time (9
+ * atomics a pair, 7 on this one line, when the bound was 256 KiB). Until
+ * then another thread's reading misses a running thread's latest changes,
+ * up to 64 blocks and 64 MiB. Signed: a thread's published frees of blocks
+ * another thread allocated may come before that thread's publishing of
+ * them. */
 enum { LC_ALLOCS, LC_FREES, LC_HITS, LC_INPLACE, LC_MOVED, LC_LIVE_BLOCKS, LC_LIVE_BYTES, LC_N };
-#define LARGE_BATCH 64
+#define LARGE_BATCH         64
+#define LARGE_PUBLISH_BYTES ((int64_t)64 << 20)
 static _Atomic int64_t large_count[LC_N];
 static __thread struct {
     int64_t d[LC_N];
@@ -207,15 +212,21 @@ static void large_publish(void) {
 static inline void large_add(int c, int64_t d) {
     large_tls.d[c] += d;
     int64_t live = large_tls.d[LC_LIVE_BYTES];
-    if (++large_tls.changes >= large_tls.batch || live > USAGE_SLACK || live < -USAGE_SLACK)
+    if (++large_tls.changes >= large_tls.batch || live > LARGE_PUBLISH_BYTES ||
+        live < -LARGE_PUBLISH_BYTES)
         large_publish();
 }
 
+static void large_tc_claim(void); /* (the threads' own caches: below) */
+static void large_tc_release(void);
+
 void large_thread_start(void) {
     large_tls.batch = LARGE_BATCH;
+    large_tc_claim();
 }
 
 void large_thread_exit(void) {
+    large_tc_release();
     large_tls.batch = 0;
     large_publish();
 }
@@ -339,7 +350,8 @@ static uint32_t large_cache_expire(struct large_cache *lc, uint64_t now, struct 
 }
 
 static void large_cache_merge(struct large_cache *lc, struct large_entry *e);
-static uint64_t large_spare_age(uint64_t now); /* (the spares: below) */
+static uint64_t large_spare_age(uint64_t now);            /* (the spares: below) */
+static uint64_t large_tc_age_all(bool all, uint64_t now); /* (the threads' caches: below) */
 
 /* Decommit or unmap what large_cache_expire or large_cache_room took out;
  * decommitted entries go back into the cache. */
@@ -491,7 +503,10 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
     bool aged = lc->aged_ms == now; /* it looked at the ages */
     hak_unlock(&lc->lock);
     large_cache_retire(old, nold);
-    if (aged) large_spare_age(now); /* (the spares age with the BigCache's look) */
+    if (aged) { /* (the spares and the threads' caches age with the BigCache's look) */
+        large_spare_age(now);
+        large_tc_age_all(false, now);
+    }
     if (got.h == NULL) return NULL;
 
     struct large_hdr *h = got.h;
@@ -760,6 +775,191 @@ static uint64_t large_spare_age(uint64_t now) {
     return UINT64_MAX;
 }
 
+/* ---- the threads' own caches ---------------------------------------------- */
+
+/* Each thread keeps the last few mappings it freed, for its own next Large
+ * mallocs: reused without the BigCache's lock (a malloc and a free of a big
+ * buffer each took it, and scanned its 64 entries under it). At most
+ * LARGE_TC_N of them, and HAKMEM_LARGE_TCACHE_MB together (but an eighth of
+ * the BigCache's bound at most), none bigger than half that; one pushed out
+ * by a newer one goes to the BigCache with its time of free, all of them at
+ * the thread's exit and on a malloc_trim.
+ *
+ * The caches are records any thread can reach, not thread-locals, so that
+ * an idle thread's mappings still age: whoever looks at the BigCache's
+ * ages (the tier's own calls, the background thread) takes the entries
+ * unused for the age out of every record (large_tc_age_all) into the
+ * BigCache, which decommits and unmaps them in turn. A slot is taken with an
+ * atomic exchange, by its thread (a hit: one exchange on a line of its own)
+ * or by the ager; the thread fills it with a store. Its thread's view of
+ * its slots (`mine`) is owner-only: a slot the ager emptied shows there
+ * until the thread looks at it again. Records are claimed by threads from a
+ * fixed table and given back at their exit; a thread that finds none left
+ * (LARGE_TC_RECORDS threads have one) caches nothing of its own. */
+#define LARGE_TC_N       4
+#define LARGE_TC_RECORDS 256
+
+struct large_tc {
+    _Alignas(64) _Atomic(struct large_hdr *) slot[LARGE_TC_N];
+    _Atomic uint64_t freed_ms[LARGE_TC_N];
+    _Atomic bool claimed;
+    /* Owner-only: */
+    struct large_hdr *mine[LARGE_TC_N]; /* what it put in each slot */
+    size_t room[LARGE_TC_N];            /* their large_room (not read from a header
+                                         * that may be the ager's) */
+    uint64_t seq[LARGE_TC_N];           /* order of the frees (many share a ms) */
+    uint64_t nput;
+    size_t bytes; /* their sizes (`size`) together */
+    /* Each slot's map_size, for anyone (the mapping may be the ager's and
+     * gone by the time another thread would read its header). */
+    _Atomic size_t size[LARGE_TC_N];
+};
+static struct large_tc large_tcs[LARGE_TC_RECORDS];
+static __thread struct large_tc *large_my_tc;
+
+static size_t large_tc_bound(void) {
+    size_t b = hak_cfg.bigcache_bytes / 8;
+    return b < hak_cfg.large_tcache_bytes ? b : hak_cfg.large_tcache_bytes;
+}
+
+/* A record for this thread (large_thread_start), or none. */
+static void large_tc_claim(void) {
+    for (uint32_t i = 0; i < LARGE_TC_RECORDS && large_my_tc == NULL; i++) {
+        bool free = false;
+        if (!atomic_load_explicit(&large_tcs[i].claimed, memory_order_relaxed) &&
+            atomic_compare_exchange_strong_explicit(&large_tcs[i].claimed, &free, true,
+                                                    memory_order_acquire, memory_order_relaxed))
+            large_my_tc = &large_tcs[i];
+    }
+}
+
+static void large_cache_add(struct large_entry e);
+
+static void large_cache_put_at(struct large_hdr *h, uint64_t freed_ms) {
+    large_cache_add((struct large_entry){.h = h,
+                                         .size = h->map_size,
+                                         .freed_ms = freed_ms,
+                                         .map = h->map,
+                                         .thp = h->thp,
+                                         .guarded = h->guarded});
+}
+
+/* Slot i of the thread's record emptied, by its thread (the mapping, or
+ * NULL when the ager had it first). */
+static struct large_hdr *large_tc_take_slot(struct large_tc *t, uint32_t i) {
+    struct large_hdr *h = atomic_exchange_explicit(&t->slot[i], NULL, memory_order_acquire);
+    t->bytes -= atomic_load_explicit(&t->size[i], memory_order_relaxed);
+    t->mine[i] = NULL;
+    return h;
+}
+
+/* The thread's view catches up with what the ager took: plain loads. */
+static void large_tc_sync(struct large_tc *t) {
+    for (uint32_t i = 0; i < LARGE_TC_N; i++)
+        if (t->mine[i] && atomic_load_explicit(&t->slot[i], memory_order_relaxed) == NULL)
+            large_tc_take_slot(t, i);
+}
+
+/* Keep freed mapping h in this thread's cache; false when it is not for it. */
+static bool large_tc_put(struct large_hdr *h) {
+    struct large_tc *t = large_my_tc;
+    size_t size = h->map_size, bound = large_tc_bound();
+    if (h->growing || size > bound / 2) return false;
+    /* A thread whose first calls are Large ones arms its exit hook here
+     * (which claims it a record), as its first small free would. */
+    if (t == NULL && (hak_tc.open || !tc_thread_start() || (t = large_my_tc) == NULL)) return false;
+    large_tc_sync(t);
+    uint32_t at = LARGE_TC_N;
+    for (;;) {
+        uint32_t oldest = LARGE_TC_N;
+        at = LARGE_TC_N;
+        for (uint32_t i = 0; i < LARGE_TC_N; i++) {
+            if (t->mine[i] == NULL)
+                at = i;
+            else if (oldest == LARGE_TC_N || t->seq[i] < t->seq[oldest])
+                oldest = i;
+        }
+        if (at != LARGE_TC_N && t->bytes + size <= bound) break;
+        /* Full: the least recently freed goes. */
+        uint64_t ms = atomic_load_explicit(&t->freed_ms[oldest], memory_order_relaxed);
+        struct large_hdr *old = large_tc_take_slot(t, oldest);
+        if (old) large_cache_put_at(old, ms);
+    }
+    t->mine[at] = h;
+    t->seq[at] = ++t->nput;
+    t->room[at] = large_room(h);
+    atomic_store_explicit(&t->size[at], size, memory_order_relaxed);
+    t->bytes += size;
+    atomic_store_explicit(&t->freed_ms[at], hak_now_ms(), memory_order_relaxed);
+    atomic_store_explicit(&t->slot[at], h, memory_order_release);
+    return true;
+}
+
+/* A mapping from this thread's cache with at least `need` bytes of room at
+ * `map_align`, and not twice that (a bigger one is the BigCache's to
+ * split): the smallest; NULL when there is none. */
+static struct large_hdr *large_tc_take(size_t need, size_t map_align) {
+    struct large_tc *t = large_my_tc;
+    if (t == NULL || t->bytes == 0) return NULL;
+    for (;;) {
+        uint32_t best = LARGE_TC_N;
+        size_t best_room = SIZE_MAX;
+        for (uint32_t i = 0; i < LARGE_TC_N; i++) {
+            struct large_hdr *h = t->mine[i];
+            if (h == NULL) continue;
+            size_t room = t->room[i];
+            if (((uintptr_t)h & (map_align - 1)) == 0 && room >= need && room / 2 <= need &&
+                room < best_room)
+                best = i, best_room = room;
+        }
+        if (best == LARGE_TC_N) return NULL;
+        struct large_hdr *h = large_tc_take_slot(t, best);
+        if (h) return h; /* (else the ager had it: look again) */
+    }
+}
+
+/* Every mapping of record t (all) or those unused for the age at `now`, to
+ * the BigCache. Any thread. */
+static void large_tc_drain(struct large_tc *t, bool all, uint64_t now) {
+    for (uint32_t i = 0; i < LARGE_TC_N; i++) {
+        if (atomic_load_explicit(&t->slot[i], memory_order_relaxed) == NULL) continue;
+        uint64_t ms = atomic_load_explicit(&t->freed_ms[i], memory_order_relaxed);
+        if (!all && (ms > now || now - ms < hak_cfg.bigcache_age_ms)) continue;
+        struct large_hdr *h = atomic_exchange_explicit(&t->slot[i], NULL, memory_order_acquire);
+        if (h) large_cache_put_at(h, ms);
+    }
+}
+
+/* The entries of every thread's cache unused for the age (all of them with
+ * `all`) to the BigCache, where they age on; when the next of those left is
+ * due, UINT64_MAX with none. (Records given back are empty.) */
+static uint64_t large_tc_age_all(bool all, uint64_t now) {
+    uint64_t next = UINT64_MAX;
+    for (uint32_t r = 0; r < LARGE_TC_RECORDS; r++) {
+        struct large_tc *t = &large_tcs[r];
+        if (!atomic_load_explicit(&t->claimed, memory_order_relaxed)) continue;
+        large_tc_drain(t, all, now);
+        for (uint32_t i = 0; i < LARGE_TC_N; i++) {
+            if (atomic_load_explicit(&t->slot[i], memory_order_relaxed) == NULL) continue;
+            uint64_t due = atomic_load_explicit(&t->freed_ms[i], memory_order_relaxed) +
+                           hak_cfg.bigcache_age_ms;
+            if (due < next) next = due;
+        }
+    }
+    return next;
+}
+
+/* This thread's record: emptied, and given back. */
+static void large_tc_release(void) {
+    struct large_tc *t = large_my_tc;
+    if (t == NULL) return;
+    large_tc_drain(t, true, 0);
+    memset(t->mine, 0, sizeof t->mine);
+    t->bytes = 0;
+    large_my_tc = NULL;
+    atomic_store_explicit(&t->claimed, false, memory_order_release);
+}
+
 static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
     size_t off = large_offset(align);
     if (off > HAK_MAX_REQUEST / 2 || size > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
@@ -788,7 +988,11 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
     }
 
     size_t clean = 0; /* fresh mappings are zero throughout */
-    struct large_hdr *h = large_cache_take(room, map_align, growing, &clean);
+    struct large_hdr *h = growing ? NULL : large_tc_take(room, map_align);
+    if (h)
+        clean = h->map_size; /* (its pages were used: taken as resident) */
+    else
+        h = large_cache_take(room, map_align, growing, &clean);
     if (h) {
         large_add(LC_HITS, 1);
         /* A small-pages mapping asks for huge pages now (not under an
@@ -974,7 +1178,7 @@ void large_free(void *p, uint32_t entry, const char *fn) {
         if (large_spare_put(h)) return;
         large_sampled_out(1);
     }
-    large_cache_put(h);
+    if (!large_tc_put(h)) large_cache_put(h);
 }
 
 size_t large_usable_size(const void *p, uint32_t entry, const char *fn) {
@@ -1166,6 +1370,8 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
 
 uint64_t large_age_next(void) {
     uint64_t next = large_spare_age(hak_now_ms());
+    uint64_t tc_next = large_tc_age_all(false, hak_now_ms());
+    if (tc_next < next) next = tc_next;
     struct large_cache *lc = &large_cache;
     struct large_entry old[LARGE_CACHE_N];
     hak_lock(&lc->lock);
@@ -1185,6 +1391,7 @@ uint64_t large_age_next(void) {
 }
 
 bool large_trim(void) {
+    large_tc_age_all(true, 0); /* every thread's own caches too */
     struct large_hdr *spare[LARGE_SPARES];
     uint32_t nspare = large_spare_drain(spare);
     for (uint32_t i = 0; i < nspare; i++)
@@ -1224,6 +1431,14 @@ void large_get_stats(struct large_stats *s) {
     s->cached_blocks = large_spares.n;
     s->cached_bytes = large_spares.bytes;
     hak_spin_unlock(&large_spares.lock);
+    for (uint32_t r = 0; r < LARGE_TC_RECORDS; r++) { /* (racing their threads: a glimpse) */
+        for (uint32_t i = 0; i < LARGE_TC_N; i++) {
+            struct large_hdr *h = atomic_load_explicit(&large_tcs[r].slot[i], memory_order_relaxed);
+            if (h == NULL) continue;
+            s->cached_blocks++;
+            s->cached_bytes += atomic_load_explicit(&large_tcs[r].size[i], memory_order_relaxed);
+        }
+    }
     hak_lock(&large_cache.lock);
     s->cached_blocks += large_cache.n;
     s->cached_bytes += large_cache.bytes;

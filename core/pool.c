@@ -17,14 +17,16 @@
 #define POOL_CHUNK_MIN HAK_REGION_SIZE /* an arena unit: what a smaller chunk costs anyway */
 #define POOL_LIMIT_DIV 128
 
+/* The remote stack, which other threads write, has a cache line of its own,
+ * and heaps start on lines of their own (see tiny.c's heaps). */
 struct pool_heap {
-    struct pool_chunk *cur;                  /* carving from its tail */
+    _Alignas(64) _Atomic(void *) remote;     /* blocks freed by other threads */
+    _Alignas(64) struct pool_chunk *cur;     /* carving from its tail */
     struct pool_chunk *avail[POOL_NCLASSES]; /* chunks with free blocks, per class */
     struct pool_chunk *chunks;               /* all of them */
     struct pool_chunk *spares;               /* empty chunks kept for the next need */
     size_t spare_bytes;                      /* their bytes, at most pool_spare_max() */
     uint64_t spare_ms;                       /* when a spare was last taken or added */
-    _Atomic(void *) remote;                  /* blocks freed by other threads */
     size_t next_size;                        /* bytes of the next chunk */
     struct pool_heap *next_free;
 };
@@ -35,8 +37,12 @@ static size_t pool_parked_bytes;           /* spares of the heaps of exited thre
 static struct pool_heap *pool_heaps_fresh; /* never used */
 static uint32_t pool_heaps_fresh_n;
 
-static _Atomic uint64_t pool_st_mapped, pool_st_unmapped, pool_st_bytes, pool_st_carved,
-    pool_st_remote, pool_st_drains;
+static _Atomic uint64_t pool_st_mapped, pool_st_unmapped, pool_st_bytes, pool_st_remote,
+    pool_st_drains;
+/* Carved bytes: counted per thread, published in batches (box/usage.h), at
+ * thread exit and before a read. */
+static _Atomic int64_t pool_st_carved;
+static __thread int64_t pool_carved_pending;
 
 static inline uint32_t pool_k(uint32_t cls) {
     return cls - POOL_FIRST;
@@ -142,7 +148,7 @@ static size_t pool_carved(struct pool_chunk *c) {
  * and emptying a chunk are rare. Out of line: inlined, it cost
  * pool_alloc_slow a register saved and restored on every call. */
 __attribute__((noinline)) static void pool_carved_add(int64_t bytes) {
-    atomic_fetch_add_explicit(&pool_st_carved, (uint64_t)bytes, memory_order_relaxed);
+    usage_batch_add(&pool_st_carved, &pool_carved_pending, bytes, USAGE_BATCH_SLACK);
     usage_add(bytes);
 }
 
@@ -199,16 +205,20 @@ static void pool_give(struct pool_heap *h, void *b, uint32_t cls) {
     if (--c->out == 0 && c != h->cur) pool_chunk_release(h, c);
 }
 
-/* Take the remote stack: every block on it comes back to its chunk. */
+/* Take the remote stack: every block on it comes back to its chunk. The
+ * blocks are counted as remote frees here, once a stack, not by each
+ * remote free (a shared counter written on every one). */
 static void pool_drain(struct pool_heap *h) {
     if (atomic_load_explicit(&h->remote, memory_order_relaxed) == NULL) return;
     void *b = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
-    atomic_fetch_add_explicit(&pool_st_drains, 1, memory_order_relaxed);
-    while (b) {
+    uint64_t n = 0;
+    for (; b; n++) {
         void *next = *(void **)b;
         pool_give(h, b, pool_hdr_of(b)->cls);
         b = next;
     }
+    atomic_fetch_add_explicit(&pool_st_remote, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool_st_drains, 1, memory_order_relaxed);
 }
 
 /* ---- allocation and free -------------------------------------------------------------- */
@@ -273,7 +283,6 @@ void pool_free_remote(void *p, struct pool_chunk *c) {
         *(void **)p = old;
     } while (!atomic_compare_exchange_weak_explicit(&h->remote, &old, p, memory_order_release,
                                                     memory_order_relaxed));
-    atomic_fetch_add_explicit(&pool_st_remote, 1, memory_order_relaxed);
 }
 
 /* ---- thread exit, trim, fork ----------------------------------------------------------- */
@@ -318,6 +327,7 @@ static void pool_cache_return(struct pool_heap *h) {
 void pool_thread_exit(void) {
     struct pool_heap *h = hak_tc.pool;
     if (h == NULL) return;
+    usage_batch_flush(&pool_st_carved, &pool_carved_pending);
     pool_cache_return(h);
     pool_heap_tidy(h, false); /* the spares go with the heap to the next thread */
     hak_tc.pool = NULL;
@@ -399,7 +409,9 @@ void pool_get_stats(struct pool_stats *s) {
     s->chunks_unmapped = atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed);
     s->chunks_live = s->chunks_mapped - s->chunks_unmapped;
     s->bytes_live = atomic_load_explicit(&pool_st_bytes, memory_order_relaxed);
-    s->carved_bytes = atomic_load_explicit(&pool_st_carved, memory_order_relaxed);
+    usage_batch_flush(&pool_st_carved, &pool_carved_pending); /* this thread's, published */
+    int64_t carved = atomic_load_explicit(&pool_st_carved, memory_order_relaxed);
+    s->carved_bytes = carved > 0 ? (uint64_t)carved : 0; /* (others' may be pending) */
     s->remote_frees = atomic_load_explicit(&pool_st_remote, memory_order_relaxed);
     s->drains = atomic_load_explicit(&pool_st_drains, memory_order_relaxed);
 }

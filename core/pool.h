@@ -147,7 +147,8 @@ void pool_fork_release(void);
 
 struct pool_stats {
     uint64_t chunks_mapped, chunks_unmapped, chunks_live, bytes_live, carved_bytes;
-    uint64_t remote_frees, drains;
+    uint64_t remote_frees, drains; /* blocks other threads freed, counted as their
+                                    * owner takes them back; those takes */
 };
 void pool_get_stats(struct pool_stats *s);
 

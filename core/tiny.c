@@ -15,13 +15,16 @@
 enum { WHERE_CUR, WHERE_AVAIL, WHERE_FULL };
 
 /* A thread's slabs. Heaps are never unmapped, only recycled, so a remote
- * freer may still touch the heap a slab's owner field named a moment ago. */
+ * freer may still touch the heap a slab's owner field named a moment ago.
+ * The word remote freers write has a cache line of its own, and heaps start
+ * on lines of their own: the owner's fields share a line with no word other
+ * threads write. */
 struct tiny_heap {
-    struct ss_slab *cur[TINY_NCLASSES];   /* slab refills come from */
-    struct ss_slab *avail[TINY_NCLASSES]; /* owned slabs with free blocks */
-    struct ss_slab *full[TINY_NCLASSES];  /* owned slabs with none at last look */
-    _Atomic uint32_t remote_pending;      /* bit c: a class-c slab got remote frees */
-    bool warm[TINY_NCLASSES];             /* first refill done (pre-warm) */
+    _Alignas(64) _Atomic uint32_t remote_pending;    /* bit c: a class-c slab got remote frees */
+    _Alignas(64) struct ss_slab *cur[TINY_NCLASSES]; /* slab refills come from */
+    struct ss_slab *avail[TINY_NCLASSES];            /* owned slabs with free blocks */
+    struct ss_slab *full[TINY_NCLASSES];             /* owned slabs with none at last look */
+    bool warm[TINY_NCLASSES];                        /* first refill done (pre-warm) */
     struct tiny_heap *next_free;
 };
 
@@ -336,6 +339,7 @@ static void tiny_let_go(struct ss_slab *s) {
 
 void tiny_thread_exit(void) {
     tiny_merge_counts();
+    ss_flush_counts();
     struct tiny_heap *h = hak_tc.heap;
     if (h == NULL) return;
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {

@@ -33,8 +33,8 @@ static void test_halves_of_one_window(void **state) {
     skip(); /* TSan's mmap drops hint addresses: the arena takes its fallback (whole window) */
 #endif
     free(malloc(16)); /* the SuperSlab range exists */
-    uintptr_t base = ss_range_base;
-    size_t span = ss_range_span;
+    uintptr_t base = ss_bounds.base;
+    size_t span = ss_bounds.span;
     assert_int_equal(base % WINDOW, 0);
     assert_true(span >= 2 * MiB && span <= WINDOW / 2);
     /* The upper half is aligned to its size: one region-map leaf. */
@@ -58,10 +58,10 @@ static void test_halves_grow_in_place(void **state) {
 #endif
     free(malloc(16));
     uintptr_t base = 0;
-    size_t span = ss_range_span;
+    size_t span = ss_bounds.span;
     assert_true(arena_ss_grow(&base, &span));
-    assert_int_equal(base, ss_range_base);
-    assert_true(span >= 2 * ss_range_span);
+    assert_int_equal(base, ss_bounds.base);
+    assert_true(span >= 2 * ss_bounds.span);
     char perms[5];
     assert_true(maps_perms((void *)(base + span - 1), perms));
     assert_string_equal(perms, "r--p");

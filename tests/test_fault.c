@@ -556,7 +556,7 @@ static int child_odd_step(void) {
     }
     os_fault_disarm();
     free(p);
-    if (ss_range_span % (2u << 20)) return 4;
+    if (ss_bounds.span % (2u << 20)) return 4;
     return out == 0 ? 0 : 5;
 }
 

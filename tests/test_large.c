@@ -43,8 +43,11 @@ int getrlimit(__rlimit_resource_t res, struct rlimit *rl) {
 }
 #endif
 
+/* The BigCache alone: every free goes there (the threads' own caches in
+ * front of it are off; tc_reset turns them on). */
 static int reset(void **state) {
     (void)state;
+    hak_cfg.large_tcache_bytes = 0;
     hak_cfg.bigcache_bytes = 64 * MiB;
     hak_cfg.bigcache_age_ms = 60000; /* nothing ages during a test unless it says so */
     hak_cfg.hugepages = false;
@@ -1179,6 +1182,162 @@ static void test_thread_counts_published_at_exit(void **state) {
     assert_int_equal(s.live_bytes, s0.live_bytes);
 }
 
+/* ---- the threads' own caches (HAKMEM_LARGE_TCACHE_MB) -------------------- */
+
+static int tc_reset(void **state) {
+    reset(state);
+    hak_cfg.bigcache_bytes = 128 * MiB;
+    hak_cfg.large_tcache_bytes = 16 * MiB;
+    return 0;
+}
+
+static void *malloc_3(void *arg) {
+    (void)arg;
+    void *p = malloc(3 * MiB);
+    memset(p, 3, 3 * MiB);
+    return p;
+}
+
+/* A freed mapping comes back to the thread that freed it, without a call;
+ * another thread does not get it. */
+static void test_thread_cache_is_the_threads_own(void **state) {
+    (void)state;
+    void *p = malloc(3 * MiB);
+    memset(p, 1, 3 * MiB);
+    free(p);
+    pthread_t t;
+    void *q;
+    assert_int_equal(pthread_create(&t, NULL, malloc_3, NULL), 0);
+    assert_int_equal(pthread_join(t, &q), 0);
+    assert_ptr_not_equal(q, p);
+    uint64_t calls = os_total();
+    for (int i = 0; i < 10; i++) {
+        void *r = malloc(3 * MiB);
+        assert_ptr_equal(r, p);
+        memset(r, i, 3 * MiB);
+        free(r);
+    }
+    assert_int_equal(os_total(), calls);
+    free(q);
+}
+
+/* Four mappings at most, none over half the bound: the others, and the
+ * oldest when a fifth comes, go to the BigCache, which every thread
+ * reaches; nothing is unmapped on the way. */
+static void test_thread_cache_bounded(void **state) {
+    (void)state;
+    void *p[5], *big = malloc(9 * MiB);
+    for (int i = 0; i < 5; i++)
+        p[i] = malloc(3 * MiB);
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    for (int i = 0; i < 5; i++)
+        free(p[i]);
+    free(big);
+    assert_int_equal(os_calls(OS_MUNMAP), unmaps);
+    assert_int_equal(lstats().cached_blocks, 6);
+    /* The 9 MiB one and the first 3 MiB one are in the BigCache. */
+    void *q[2];
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, malloc_3, NULL), 0);
+    assert_int_equal(pthread_join(t, &q[0]), 0);
+    assert_ptr_equal(q[0], p[0]);
+    q[1] = malloc(9 * MiB);
+    assert_ptr_equal(q[1], big);
+    free(q[0]);
+    free(q[1]);
+}
+
+static pthread_barrier_t tc_bar;
+
+/* Frees a 3 MiB block into its cache, then idles until told, then
+ * allocates again. */
+static void *tc_idler(void *arg) {
+    uint8_t **out = arg;
+    uint8_t *p = malloc(3 * MiB);
+    memset(p, 0x5a, 3 * MiB);
+    free(p);
+    *out = p;
+    pthread_barrier_wait(&tc_bar); /* freed */
+    pthread_barrier_wait(&tc_bar); /* the main thread looked */
+    uint8_t *q = malloc(3 * MiB);  /* (its slot was taken: found so) */
+    assert_non_null(q);
+    memset(q, 1, 3 * MiB);
+    free(q);
+    return NULL;
+}
+
+/* An idle thread's cached mapping ages all the same: the ageing pass
+ * (the background thread's) takes it into the BigCache, which decommits
+ * it. */
+static void test_idle_thread_cache_ages(void **state) {
+    (void)state;
+    hak_cfg.bigcache_age_ms = 20;
+    uint8_t *p = NULL;
+    pthread_t t;
+    pthread_barrier_init(&tc_bar, NULL, 2);
+    assert_int_equal(pthread_create(&t, NULL, tc_idler, &p), 0);
+    pthread_barrier_wait(&tc_bar);
+    assert_true(maps_resident(p + MiB));
+    sleep_ms(60);
+    large_age_next();
+    assert_false(maps_resident(p + MiB));
+    pthread_barrier_wait(&tc_bar);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    pthread_barrier_destroy(&tc_bar);
+    hak_cfg.bigcache_age_ms = 60000;
+}
+
+static void *free_and_exit(void *arg) {
+    void **out = arg;
+    *out = malloc(3 * MiB);
+    memset(*out, 2, 3 * MiB);
+    free(*out);
+    return NULL;
+}
+
+/* A thread's cache goes to the BigCache when it exits. */
+static void test_thread_cache_to_bigcache_at_exit(void **state) {
+    (void)state;
+    void *p = NULL;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_and_exit, &p), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    uint64_t calls = os_total();
+    void *q = malloc(3 * MiB);
+    assert_ptr_equal(q, p);
+    assert_int_equal(os_total(), calls);
+    free(q);
+}
+
+/* malloc_trim empties every thread's cache, and the thread goes on. */
+static void test_trim_empties_every_thread_cache(void **state) {
+    (void)state;
+    uint8_t *p = NULL;
+    pthread_t t;
+    pthread_barrier_init(&tc_bar, NULL, 2);
+    assert_int_equal(pthread_create(&t, NULL, tc_idler, &p), 0);
+    pthread_barrier_wait(&tc_bar);
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    assert_true(malloc_trim(0));
+    assert_true(os_calls(OS_MUNMAP) > unmaps);
+    assert_false(maps_resident(p + MiB));
+    pthread_barrier_wait(&tc_bar);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    pthread_barrier_destroy(&tc_bar);
+}
+
+/* A double free of a mapping in a thread's cache is caught. */
+static void do_free_twice(void *p) {
+    free(p);
+    free(p);
+}
+
+static void test_thread_cache_double_free_caught(void **state) {
+    (void)state;
+    void *p = malloc(3 * MiB);
+    expect_free_abort(do_free_twice, p, "double free");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -1219,6 +1378,12 @@ int main(void) {
         cmocka_unit_test_setup(test_sampled_small_mappings_bounded_and_counted_out, reset),
         cmocka_unit_test_setup(test_thread_counts_published_at_exit, reset),
         cmocka_unit_test_setup(test_big_block_of_another_thread_counted_at_once, reset),
+        cmocka_unit_test_setup(test_thread_cache_is_the_threads_own, tc_reset),
+        cmocka_unit_test_setup(test_thread_cache_bounded, tc_reset),
+        cmocka_unit_test_setup(test_idle_thread_cache_ages, tc_reset),
+        cmocka_unit_test_setup(test_thread_cache_to_bigcache_at_exit, tc_reset),
+        cmocka_unit_test_setup(test_trim_empties_every_thread_cache, tc_reset),
+        cmocka_unit_test_setup(test_thread_cache_double_free_caught, tc_reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1029,7 +1029,7 @@ static void small_range_child(void *arg) {
     os_fault_only(1u << OS_SITE_RESERVE_AT | 1u << OS_SITE_RESERVE_PROT);
     os_fault_arm(0, UINT64_MAX);
     /* Enough 256 B blocks to fill what the range has now, and more. */
-    size_t n = ss_range_span / 256 + 20000;
+    size_t n = ss_bounds.span / 256 + 20000;
     uint8_t **b =
         mmap(NULL, n * sizeof *b, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (b == MAP_FAILED) _exit(10);

@@ -10,6 +10,7 @@ struct hak_config hak_cfg = {
     .stats = HAK_STATS_OFF,
     .bigcache_bytes = (size_t)128 << 20,
     .bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT,
+    .large_tcache_bytes = (size_t)16 << 20,
     .hugepages = true,
     .ss_cache = 8,
     .pool_arena_mb_init = 1,
@@ -97,6 +98,8 @@ void config_load(void) {
     config_stats_path();
     if (config_int("HAKMEM_BIGCACHE_MB", 0, 65536, &v)) hak_cfg.bigcache_bytes = (size_t)v << 20;
     if (config_int("HAKMEM_BIGCACHE_AGE_MS", 1, 3600000, &v)) hak_cfg.bigcache_age_ms = v;
+    if (config_int("HAKMEM_LARGE_TCACHE_MB", 0, 1024, &v))
+        hak_cfg.large_tcache_bytes = (size_t)v << 20;
     if (config_int("HAKMEM_HUGEPAGES", 0, 1, &v)) hak_cfg.hugepages = v != 0;
     if (config_int("HAKMEM_BACKTRACE", 0, 1, &v)) hak_cfg.backtrace = v != 0;
     if (config_int("HAKMEM_CHECK", 0, 1, &v)) hak_cfg.check = v != 0;

@@ -17,6 +17,7 @@ struct hak_config {
     const char *stats_file;      /* HAKMEM_STATS_FILE: where it goes; NULL: stderr */
     size_t bigcache_bytes;       /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
     uint64_t bigcache_age_ms;    /* HAKMEM_BIGCACHE_AGE_MS: unused this long, decommitted */
+    size_t large_tcache_bytes;   /* HAKMEM_LARGE_TCACHE_MB: a thread's own freed mappings */
     bool hugepages;              /* HAKMEM_HUGEPAGES: transparent huge pages for Large */
     uint64_t ss_cache;           /* HAKMEM_SS_CACHE: empty SuperSlabs kept, decommitted */
     uint32_t pool_arena_mb_init; /* HAKMEM_POOL_ARENA_MB_INIT: a thread's first Pool chunk */

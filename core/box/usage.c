@@ -9,14 +9,14 @@ __thread struct usage_tls usage_tls;
 static _Atomic int64_t usage_bytes, usage_bytes_peak;
 
 void usage_publish(void) {
-    int64_t d = usage_tls.pending;
-    usage_tls.pending = 0;
-    if (d == 0) return;
-    int64_t now = atomic_fetch_add_explicit(&usage_bytes, d, memory_order_relaxed) + d;
-    if (d < 0) return;
-    int64_t peak = atomic_load_explicit(&usage_bytes_peak, memory_order_relaxed);
-    while (now > peak &&
-           !atomic_compare_exchange_weak_explicit(&usage_bytes_peak, &peak, now,
+    int64_t d = usage_tls.pending, high = usage_tls.high;
+    usage_tls.pending = usage_tls.high = 0;
+    if (d == 0 && high <= 0) return;
+    int64_t was = atomic_fetch_add_explicit(&usage_bytes, d, memory_order_relaxed);
+    if (high <= 0) return; /* (never above what was published) */
+    int64_t top = was + high, peak = atomic_load_explicit(&usage_bytes_peak, memory_order_relaxed);
+    while (top > peak &&
+           !atomic_compare_exchange_weak_explicit(&usage_bytes_peak, &peak, top,
                                                   memory_order_relaxed, memory_order_relaxed))
         ;
 }

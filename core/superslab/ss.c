@@ -8,6 +8,7 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/usage.h"
 #include "sizeclass.h"
 
 #include <pthread.h>
@@ -20,8 +21,7 @@
 /* Written once, together, under ss_lock, before any pointer into the range
  * exists; read relaxed by free (see ss_contains). Until
  * then a base of 2^63 puts every user address outside. */
-_Atomic uintptr_t ss_range_base = (uintptr_t)1 << 63;
-_Atomic uintptr_t ss_range_span;
+struct ss_bounds ss_bounds = {.base = (uintptr_t)1 << 63};
 static bool ss_range_stuck;     /* the range could not grow: do not ask again */
 static uintptr_t ss_range_used; /* bytes from the base ever mapped */
 /* Bit i: the i-th SuperSlab of the range was given back to the OS and its
@@ -40,10 +40,19 @@ static uint8_t ss_epoch; /* ss_purge passes, mod 256 */
 static _Atomic uint64_t ss_purge_next;
 /* An EMPTY slot may still hold pages: a later pass has work (ss_age_next). */
 static bool ss_dirty;
-static _Atomic uint64_t ss_carved; /* bytes carved in slabs not reset since */
+/* Bytes carved in slabs not reset since. Carves are counted per thread and
+ * published in batches (box/usage.h): a carve runs on every core, and a
+ * counter line written by all of them on each would be a shared write per
+ * carve. Resets and retires, under the lock, go straight to it. */
+static _Atomic int64_t ss_carved;
+static __thread int64_t ss_carved_pending;
 
 void ss_note_carved(size_t bytes) {
-    atomic_fetch_add_explicit(&ss_carved, bytes, memory_order_relaxed);
+    usage_batch_add(&ss_carved, &ss_carved_pending, (int64_t)bytes, USAGE_BATCH_SLACK);
+}
+
+void ss_flush_counts(void) {
+    usage_batch_flush(&ss_carved, &ss_carved_pending);
 }
 
 #define SS_ALL_SLOTS (~(uint32_t)0 << SS_FIRST_SLOT)
@@ -69,7 +78,7 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
      * old block size's offsets. Left there, a new block whose program moved
      * never-written bytes over its second word would read as free. */
     memset(ss_slab_base(s), 0, (size_t)s->carved * s->size);
-    atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&ss_carved, (int64_t)s->carved * s->size, memory_order_relaxed);
     s->free = NULL;
     atomic_store_explicit(&s->remote, NULL, memory_order_relaxed);
     s->div_mul = (uint32_t)(((uint64_t)1 << 32) / size + 1);
@@ -86,8 +95,8 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
  * failed) gave something back, so a full range costs no syscall per slab.
  * Lock held. */
 static uintptr_t ss_range_take(void) {
-    uintptr_t base = atomic_load_explicit(&ss_range_base, memory_order_relaxed);
-    size_t span = atomic_load_explicit(&ss_range_span, memory_order_relaxed);
+    uintptr_t base = atomic_load_explicit(&ss_bounds.base, memory_order_relaxed);
+    size_t span = atomic_load_explicit(&ss_bounds.span, memory_order_relaxed);
     if (ss_range_nfree) {
         for (size_t w = 0;; w++) {
             if (ss_range_free[w] == 0) continue;
@@ -104,8 +113,8 @@ static uintptr_t ss_range_take(void) {
         }
         /* Base first: a reader seeing the new span with the old base (2^63)
          * still finds no user address inside. */
-        atomic_store_explicit(&ss_range_base, base, memory_order_relaxed);
-        atomic_store_explicit(&ss_range_span, span, memory_order_relaxed);
+        atomic_store_explicit(&ss_bounds.base, base, memory_order_relaxed);
+        atomic_store_explicit(&ss_bounds.span, span, memory_order_relaxed);
     }
     ss_range_used += SS_SIZE;
     return base + ss_range_used - SS_SIZE;
@@ -114,7 +123,7 @@ static uintptr_t ss_range_take(void) {
 /* The place of a SuperSlab given back to the OS (or never mapped) is free
  * again. Lock held. */
 static void ss_range_put(uintptr_t a) {
-    size_t i = (a - atomic_load_explicit(&ss_range_base, memory_order_relaxed)) / SS_SIZE;
+    size_t i = (a - atomic_load_explicit(&ss_bounds.base, memory_order_relaxed)) / SS_SIZE;
     ss_range_free[i / 64] |= 1ull << (i % 64);
     ss_range_nfree++;
 }
@@ -204,7 +213,7 @@ static void ss_retire(struct superslab *ss) {
     for (uint32_t i = SS_FIRST_SLOT; i < SS_NSLOTS; i++) {
         struct ss_slab *s = &ss->slab[i];
         if (s->state == SS_EMPTY) ss_slab_unlink(&ss_empty[s->cls], s);
-        atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&ss_carved, (int64_t)s->carved * s->size, memory_order_relaxed);
         ss_set_carved(s, 0);
         s->state = SS_UNUSED;
     }
@@ -259,13 +268,13 @@ static bool ss_range_shrink(void) {
         used -= SS_SIZE;
     }
     ss_range_used = used; /* the places above are past the used extent again */
-    size_t span = atomic_load_explicit(&ss_range_span, memory_order_relaxed);
+    size_t span = atomic_load_explicit(&ss_bounds.span, memory_order_relaxed);
     if (used == span) return false;
     /* The range ends first, then its tail goes: a free of a stale pointer
      * there finds it outside instead of reading an unmapped descriptor. */
-    atomic_store_explicit(&ss_range_span, used, memory_order_relaxed);
+    atomic_store_explicit(&ss_bounds.span, used, memory_order_relaxed);
     if (arena_ss_shrink(used)) return true;
-    atomic_store_explicit(&ss_range_span, span, memory_order_relaxed); /* refused: it stays */
+    atomic_store_explicit(&ss_bounds.span, span, memory_order_relaxed); /* refused: it stays */
     return false;
 }
 
@@ -302,7 +311,7 @@ static bool ss_purge_locked(bool all) {
                 continue;
             }
             if (!os_decommit(ss_slab_base(s), SS_SLOT_SIZE)) continue; /* locked pages */
-            atomic_fetch_sub_explicit(&ss_carved, (uint64_t)s->carved * s->size,
+            atomic_fetch_sub_explicit(&ss_carved, (int64_t)s->carved * s->size,
                                       memory_order_relaxed);
             s->free = NULL; /* its links went with the pages */
             ss_set_carved(s, 0);
@@ -354,5 +363,7 @@ void ss_get_stats(struct ss_stats *st) {
     hak_lock(&ss_lock);
     *st = ss_st;
     hak_unlock(&ss_lock);
-    st->carved_bytes = atomic_load_explicit(&ss_carved, memory_order_relaxed);
+    ss_flush_counts(); /* this thread's carves, published */
+    int64_t carved = atomic_load_explicit(&ss_carved, memory_order_relaxed);
+    st->carved_bytes = carved > 0 ? (uint64_t)carved : 0; /* (others' carves may be pending) */
 }

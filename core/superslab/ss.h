@@ -64,7 +64,13 @@ struct superslab {
 };
 _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0");
 
-extern HAK_HIDDEN _Atomic uintptr_t ss_range_base, ss_range_span;
+/* The range's bounds, read by every free: a cache line of their own, which
+ * nothing else writes (a counter written on every carve beside them cost
+ * every free on every core a miss after each carve anywhere). */
+struct ss_bounds {
+    _Atomic uintptr_t base, span;
+} __attribute__((aligned(64)));
+extern HAK_HIDDEN struct ss_bounds ss_bounds;
 
 /* True when p lies in the SuperSlab range (see above); false for everything
  * else, NULL included, and before the range exists. Two words written once
@@ -72,8 +78,8 @@ extern HAK_HIDDEN _Atomic uintptr_t ss_range_base, ss_range_span;
  * learnt of it after they were written, and a reader racing that one write
  * may see a mixed pair, which puts no user address (below 2^47) inside. */
 HAK_INLINE bool ss_contains(const void *p) {
-    uintptr_t base = atomic_load_explicit(&ss_range_base, memory_order_relaxed);
-    return (uintptr_t)p - base < atomic_load_explicit(&ss_range_span, memory_order_relaxed);
+    uintptr_t base = atomic_load_explicit(&ss_bounds.base, memory_order_relaxed);
+    return (uintptr_t)p - base < atomic_load_explicit(&ss_bounds.span, memory_order_relaxed);
 }
 
 HAK_INLINE struct superslab *ss_of(const void *p) {
@@ -131,8 +137,11 @@ static inline void ss_set_carved(struct ss_slab *s, uint32_t n) {
 struct ss_slab *ss_acquire(uint32_t cls, uint32_t size);
 /* Give back a slab with no block out (used == 0). */
 void ss_release(struct ss_slab *s);
-/* A slab's owner carved `bytes` more of it into blocks (for mallinfo2). */
+/* A slab's owner carved `bytes` more of it into blocks (for mallinfo2);
+ * counted per thread, published in batches and by ss_flush_counts (at the
+ * thread's exit, and before a read). */
 void ss_note_carved(size_t bytes);
+void ss_flush_counts(void);
 /* Unmap every cached SuperSlab; true when there was one. */
 bool ss_trim(void);
 /* Give back the pages of slots empty since the previous pass, at most a

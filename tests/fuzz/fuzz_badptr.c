@@ -462,12 +462,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         }
         default: { /* the SuperSlab range, its far end (never used) or its start */
-            if (ss_range_span == 0) {
+            if (ss_bounds.span == 0) {
                 run = false;
                 break;
             }
             uintptr_t a =
-                (flags & 0x80) ? ss_range_base + ss_range_span - 2 * FZ_MiB : ss_range_base;
+                (flags & 0x80) ? ss_bounds.base + ss_bounds.span - 2 * FZ_MiB : ss_bounds.base;
             b->q = (uint8_t *)a + 16 * (uintptr_t)off;
             snprintf(what, sizeof what, "SuperSlab range %s + %u",
                      (flags & 0x80) ? "end - 2 MiB" : "base", 16u * off);
