@@ -6,10 +6,12 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/lfstack.h"
 #include "box/usage.h"
 
 #include <errno.h>
-#include <pthread.h>
+#include <stddef.h>
+#include <string.h>
 
 /* Which heap list a slab is on. */
 enum { WHERE_CUR, WHERE_AVAIL, WHERE_FULL };
@@ -25,14 +27,18 @@ struct tiny_heap {
     struct ss_slab *avail[TINY_NCLASSES];            /* owned slabs with free blocks */
     struct ss_slab *full[TINY_NCLASSES];             /* owned slabs with none at last look */
     bool warm[TINY_NCLASSES];                        /* first refill done (pre-warm) */
-    struct tiny_heap *next_free;
+    _Atomic(void *) next_free;                       /* on tiny_heaps */
 };
+#define TINY_HEAP_LINK offsetof(struct tiny_heap, next_free)
+#define TINY_SLAB_LINK offsetof(struct ss_slab, next)
 
-static pthread_mutex_t tiny_lock = PTHREAD_MUTEX_INITIALIZER; /* heaps and orphans */
-static struct tiny_heap *tiny_heap_pool;                      /* heaps of exited threads */
-static struct tiny_heap *tiny_heap_fresh; /* never-used heaps of the last chunk */
-static uint32_t tiny_heap_fresh_n;
-static struct ss_slab *tiny_orphans[TINY_NCLASSES]; /* slabs of exited threads */
+/* Heaps of exited threads (and never used ones), and the slabs exited
+ * threads left with blocks out, per class: lock-free stacks (box/lfstack.h),
+ * so that a thread's start and exit, and an adoption, take no lock. An
+ * adoption takes a class's orphans all at once; a thread exit hands over
+ * each class's slabs in one step. */
+static struct lf_stack tiny_heaps;
+static struct lf_stack tiny_orphans[TINY_NCLASSES];
 
 static _Atomic uint64_t tiny_st[TINY_NCLASSES][6]; /* tiny_class_stats, in order */
 enum { ST_ALLOCS, ST_FREES, ST_REFILLS, ST_FLUSHES, ST_REMOTE, ST_ADOPTED };
@@ -59,8 +65,10 @@ static void tiny_merge_counts(void) {
         uint64_t allocs = tc_take_allocs(c);
         uint64_t frees = allocs + tiny_flow.flushed[c] - tiny_flow.refilled[c] + cached -
                          tiny_flow.cached[c] + tiny_flow.remote[c];
-        atomic_fetch_add_explicit(&tiny_st[c][ST_ALLOCS], allocs, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tiny_st[c][ST_FREES], frees, memory_order_relaxed);
+        /* (Classes the thread never used add nothing: a thread exit is not
+         * 40 atomics on the lines every exit writes.) */
+        if (allocs) atomic_fetch_add_explicit(&tiny_st[c][ST_ALLOCS], allocs, memory_order_relaxed);
+        if (frees) atomic_fetch_add_explicit(&tiny_st[c][ST_FREES], frees, memory_order_relaxed);
         tiny_flow.flushed[c] = tiny_flow.refilled[c] = tiny_flow.remote[c] = 0;
         tiny_flow.cached[c] = cached;
     }
@@ -83,23 +91,21 @@ static void tiny_list_unlink(struct tiny_heap *h, struct ss_slab *s) {
 /* ---- heaps ----------------------------------------------------------------- */
 
 static struct tiny_heap *tiny_heap_get(void) {
-    hak_lock(&tiny_lock);
-    struct tiny_heap *h = tiny_heap_pool;
-    if (h) {
-        tiny_heap_pool = h->next_free;
-    } else {
-        if (tiny_heap_fresh_n == 0) {
-            size_t chunk = 64 * 1024;
-            tiny_heap_fresh = arena_meta(chunk);
-            tiny_heap_fresh_n = tiny_heap_fresh ? (uint32_t)(chunk / sizeof *h) : 0;
-        }
-        if (tiny_heap_fresh_n) {
-            h = tiny_heap_fresh++;
-            tiny_heap_fresh_n--;
-        }
+    struct tiny_heap *h = lf_pop(&tiny_heaps, TINY_HEAP_LINK);
+    if (h == NULL) {
+        /* A new chunk of heaps: one for us, the rest for the next threads. */
+        size_t chunk = 64 * 1024, n = chunk / sizeof *h;
+        struct tiny_heap *c = arena_meta(chunk); /* zeroed */
+        if (c == NULL) return NULL;
+        for (size_t i = 1; i + 1 < n; i++)
+            atomic_store_explicit(&c[i].next_free, &c[i + 1], memory_order_relaxed);
+        lf_push_chain(&tiny_heaps, &c[1], &c[n - 1], TINY_HEAP_LINK);
+        return c;
     }
-    hak_unlock(&tiny_lock);
-    if (h) *h = (struct tiny_heap){0};
+    /* Cleared field by field: next_free may still be read by a popper that
+     * lost the race for this heap (box/lfstack.h). */
+    atomic_store_explicit(&h->remote_pending, 0, memory_order_relaxed);
+    memset(h->cur, 0, offsetof(struct tiny_heap, next_free) - offsetof(struct tiny_heap, cur));
     return h;
 }
 
@@ -194,17 +200,20 @@ static void tiny_maybe_release(struct tiny_heap *h, struct ss_slab *s) {
     ss_release(s);
 }
 
-/* Take a slab from the orphans of cls and make it ours. */
+/* Take the orphans of cls and make them ours: the first to carve from, the
+ * others on the avail list (their remote frees are drained as they are
+ * used; one that turns out full moves to the full list then). */
 static struct ss_slab *tiny_adopt(struct tiny_heap *h, uint32_t cls) {
-    hak_lock(&tiny_lock);
-    struct ss_slab *s = tiny_orphans[cls];
-    if (s) tiny_orphans[cls] = s->next;
-    hak_unlock(&tiny_lock);
-    if (s) {
+    struct ss_slab *first = lf_take_all(&tiny_orphans[cls]);
+    if (first == NULL) return NULL;
+    uint64_t n = 0;
+    for (struct ss_slab *s = first, *next; s; s = next, n++) {
+        next = s->next;
         atomic_store_explicit(&s->owner, h, memory_order_release);
-        tiny_stat(cls, ST_ADOPTED, 1);
+        if (s != first) tiny_list_push(h, s, WHERE_AVAIL);
     }
-    return s;
+    tiny_stat(cls, ST_ADOPTED, n);
+    return first;
 }
 
 /* Move every full slab of cls that got remote frees to the avail list. The
@@ -323,18 +332,18 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
 
 /* ---- thread exit, trim, fork ----------------------------------------------------- */
 
-/* Drain s; give it back if empty, else leave it to the next thread. */
-static void tiny_let_go(struct ss_slab *s) {
+/* Drain s; give it back if empty, else add it to the chain *first..*last
+ * to be left to the next thread. */
+static void tiny_let_go(struct ss_slab *s, struct ss_slab **first, struct ss_slab **last) {
     tiny_drain(s);
     if (s->used == 0) {
         ss_release(s);
         return;
     }
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_release);
-    hak_lock(&tiny_lock);
-    s->next = tiny_orphans[s->cls];
-    tiny_orphans[s->cls] = s;
-    hak_unlock(&tiny_lock);
+    s->next = *first;
+    *first = s;
+    if (*last == NULL) *last = s;
 }
 
 void tiny_thread_exit(void) {
@@ -345,18 +354,17 @@ void tiny_thread_exit(void) {
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
+        struct ss_slab *first = NULL, *last = NULL;
         for (int l = 0; l < 3; l++) {
             for (struct ss_slab *s = lists[l], *next; s; s = next) {
                 next = l ? s->next : NULL; /* cur is a single slab */
-                tiny_let_go(s);
+                tiny_let_go(s, &first, &last);
             }
         }
+        if (first) lf_push_chain(&tiny_orphans[cls], first, last, TINY_SLAB_LINK);
     }
     hak_tc.heap = NULL;
-    hak_lock(&tiny_lock);
-    h->next_free = tiny_heap_pool;
-    tiny_heap_pool = h;
-    hak_unlock(&tiny_lock);
+    lf_push(&tiny_heaps, h, TINY_HEAP_LINK);
 }
 
 bool tiny_trim(void) {
@@ -391,31 +399,25 @@ bool tiny_trim(void) {
             }
         }
     }
-    /* Orphans whose blocks all came back to them. */
+    /* Orphans whose blocks all came back to them: the class's all taken
+     * (ours to drain meanwhile), the others put back. */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        hak_lock(&tiny_lock);
-        struct ss_slab **link = &tiny_orphans[cls];
-        while (*link) {
-            struct ss_slab *s = *link;
-            tiny_drain(s); /* orphans are ours to drain while we hold the lock */
+        struct ss_slab *s = lf_take_all(&tiny_orphans[cls]), *next, *first = NULL, *last = NULL;
+        for (; s; s = next) {
+            next = s->next;
+            tiny_drain(s);
             if (s->used == 0) {
-                *link = s->next;
                 ss_release(s);
                 any = true;
-            } else {
-                link = &s->next;
+                continue;
             }
+            s->next = first;
+            first = s;
+            if (last == NULL) last = s;
         }
-        hak_unlock(&tiny_lock);
+        if (first) lf_push_chain(&tiny_orphans[cls], first, last, TINY_SLAB_LINK);
     }
     return any;
-}
-
-void tiny_fork_prepare(void) {
-    pthread_mutex_lock(&tiny_lock);
-}
-void tiny_fork_release(void) {
-    pthread_mutex_unlock(&tiny_lock);
 }
 
 void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]) {

@@ -97,11 +97,6 @@ void tiny_thread_exit(void);
  * empty slab; true when something was given back. */
 bool tiny_trim(void);
 
-/* fork: take every lock of the tier before, release them after (parent and
- * child alike: in the child the forking thread, their owner, is the only one). */
-void tiny_fork_prepare(void);
-void tiny_fork_release(void);
-
 struct tiny_class_stats {
     uint64_t allocs, frees; /* exited threads' and the caller's */
     uint64_t refills, flushes, remote_frees, adopted;

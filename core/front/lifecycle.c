@@ -58,7 +58,6 @@ static void life_thread_exit(void *unused) {
 static void life_fork_prepare(void) {
     prof_fork_prepare(); /* first: a record's mapping is made under its lock */
     chk_fork_prepare();
-    tiny_fork_prepare(); /* before ss: the Tiny lock is taken outside the SuperSlab lock */
     ss_fork_prepare();
     pool_fork_prepare();
     l25_fork_prepare();
@@ -77,7 +76,6 @@ static void life_fork_release(void) {
     l25_fork_release();
     pool_fork_release();
     ss_fork_release();
-    tiny_fork_release();
     chk_fork_release();
     prof_fork_release();
 }

@@ -1,0 +1,73 @@
+/* A lock-free stack (Treiber's) of records that are never unmapped, only
+ * recycled (thread heaps): one compare-and-swap to push or pop, so a thread
+ * starting or exiting takes no lock that every other one may need.
+ *
+ * The top word holds the record's address in its low 48 bits (user-space
+ * addresses on x86-64 and AArch64) and a count of pops in the high 16, so
+ * that a pop racing a pop and a push of the same record (ABA) fails its
+ * compare-and-swap instead of installing a stale link. A popper may read the
+ * link of a record another thread popped a moment ago: the record is still
+ * mapped (never unmapped) and the link atomic, and the compare-and-swap then
+ * fails. Each record has an atomic link at `link_off`. */
+#ifndef HAK_LFSTACK_H
+#define HAK_LFSTACK_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct lf_stack {
+    _Atomic uint64_t top;
+};
+
+#define LF_ADDR_MASK (((uint64_t)1 << 48) - 1)
+#define LF_TAG_ONE   ((uint64_t)1 << 48)
+
+static inline _Atomic(void *) *lf_link(void *rec, size_t link_off) {
+    return (_Atomic(void *) *)((char *)rec + link_off);
+}
+
+static inline void *lf_addr(uint64_t top) {
+    return (void *)(uintptr_t)(top & LF_ADDR_MASK);
+}
+
+/* Push the chain first..last (linked at link_off; one record: first ==
+ * last). */
+static inline void lf_push_chain(struct lf_stack *s, void *first, void *last, size_t link_off) {
+    uint64_t old = atomic_load_explicit(&s->top, memory_order_relaxed), new;
+    do {
+        atomic_store_explicit(lf_link(last, link_off), lf_addr(old), memory_order_relaxed);
+        new = (old & ~LF_ADDR_MASK) | (uint64_t)(uintptr_t)first;
+    } while (!atomic_compare_exchange_weak_explicit(&s->top, &old, new, memory_order_release,
+                                                    memory_order_relaxed));
+}
+
+static inline void lf_push(struct lf_stack *s, void *rec, size_t link_off) {
+    lf_push_chain(s, rec, rec, link_off);
+}
+
+/* The top record, or NULL when the stack is empty. */
+static inline void *lf_pop(struct lf_stack *s, size_t link_off) {
+    uint64_t old = atomic_load_explicit(&s->top, memory_order_acquire), new;
+    void *rec;
+    do {
+        if ((rec = lf_addr(old)) == NULL) return NULL;
+        void *next = atomic_load_explicit(lf_link(rec, link_off), memory_order_relaxed);
+        new = ((old & ~LF_ADDR_MASK) + LF_TAG_ONE) | (uint64_t)(uintptr_t)next;
+    } while (!atomic_compare_exchange_weak_explicit(&s->top, &old, new, memory_order_acquire,
+                                                    memory_order_acquire));
+    return rec;
+}
+
+/* Every record at once (a chain, linked at link_off), or NULL: a load first,
+ * so an empty stack costs no locked instruction. */
+static inline void *lf_take_all(struct lf_stack *s) {
+    if (lf_addr(atomic_load_explicit(&s->top, memory_order_relaxed)) == NULL) return NULL;
+    uint64_t old = atomic_load_explicit(&s->top, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&s->top, &old, (old & ~LF_ADDR_MASK) + LF_TAG_ONE,
+                                                  memory_order_acquire, memory_order_relaxed))
+        ;
+    return lf_addr(old);
+}
+
+#endif
