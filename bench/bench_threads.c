@@ -3,6 +3,7 @@
  *
  * usage: bench_threads MODE [threads [ops [seed]]]      (defaults 2 200000 42)
  * env:   HAKMEM_BENCH_MIN_SIZE, HAKMEM_BENCH_MAX_SIZE (defaults 64, 64; min >= 8)
+ *        HAKMEM_BENCH_QUEUE (default 1024): ring and pairs, blocks in flight
  *
  * MODE:
  *   ring   threads in a ring, each allocating blocks and passing them to the
@@ -20,8 +21,11 @@
  * churn each seat's threads share it). One op is one malloc and one free,
  * so Throughput counts blocks allocated and freed per second, in total.
  * Blocks move through single-producer single-consumer rings of pointers
- * (4096 slots, indices published every 32 blocks), so the benchmark's own
- * shared lines move once per 32 blocks. Every block carries its size and a
+ * (HAKMEM_BENCH_QUEUE slots, a power of two up to 4096, default 1024: the
+ * blocks in flight per thread; indices published every 32 blocks), so the
+ * benchmark's own shared lines move once per 32 blocks. The timed (and
+ * counted) phase ends when every thread is done, before any exits (churn's
+ * exits are its work). Every block carries its size and a
  * tag, checked by whichever thread frees it.
  *
  * With a time budget (HAKMEM_BENCH_BUDGET, bench_util.h) the unit is a block
@@ -38,7 +42,7 @@
 #include <pthread.h>
 #include <sched.h>
 
-#define RING_SLOTS 4096u
+#define RING_SLOTS 4096u /* the most HAKMEM_BENCH_QUEUE may ask */
 #define PUBLISH    32u
 #define SLOTS      16u  /* local: blocks per thread */
 #define CHURN_KEEP 256u /* churn: blocks a thread allocates per life */
@@ -66,7 +70,7 @@ struct worker {
 };
 
 static enum mode mode;
-static uint64_t nthreads, ops, seed, min_size, span;
+static uint64_t nthreads, ops, seed, min_size, span, queue;
 static struct worker *workers;
 static struct ring *rings;
 static pthread_barrier_t start;
@@ -117,9 +121,9 @@ static void drop_block(struct worker *w, unsigned char *p) {
 /* Try to pass one more block on; false when the ring is full. */
 static bool produce(struct worker *w) {
     struct ring *r = w->out;
-    if (w->tail - w->head_seen == RING_SLOTS) {
+    if (w->tail - w->head_seen == queue) {
         w->head_seen = atomic_load_explicit(&r->head, memory_order_acquire);
-        if (w->tail - w->head_seen == RING_SLOTS) {
+        if (w->tail - w->head_seen == queue) {
             if (w->unpublished) {
                 atomic_store_explicit(&r->tail, w->tail, memory_order_release);
                 w->unpublished = 0;
@@ -127,7 +131,7 @@ static bool produce(struct worker *w) {
             return false;
         }
     }
-    r->slot[w->tail % RING_SLOTS] = make_block(w);
+    r->slot[w->tail & (queue - 1)] = make_block(w);
     w->tail++;
     if (++w->unpublished == PUBLISH) {
         atomic_store_explicit(&r->tail, w->tail, memory_order_release);
@@ -150,7 +154,7 @@ static bool consume(struct worker *w, bool *over) {
     }
     size_t n = 0;
     while (w->head != w->tail_seen && n < PUBLISH) {
-        drop_block(w, r->slot[w->head % RING_SLOTS]);
+        drop_block(w, r->slot[w->head & (queue - 1)]);
         w->head++;
         n++;
     }
@@ -188,6 +192,7 @@ static void *ring_worker(void *arg) {
         else
             relax(&spins);
     }
+    pthread_barrier_wait(&start); /* the timed phase ends with the slowest, before exits */
     return NULL;
 }
 
@@ -263,6 +268,11 @@ int main(int argc, char **argv) {
                                      {"seed", 0, UINT64_MAX, &seed}};
     uint64_t max_size;
     if (bench_args("bench_threads", argc - 1, argv + 1, args, 3)) return 2;
+    if (bench_env_u64("bench_threads", "HAKMEM_BENCH_QUEUE", 1024, 64, RING_SLOTS, &queue)) return 2;
+    if (queue & (queue - 1)) {
+        fprintf(stderr, "bench_threads: HAKMEM_BENCH_QUEUE must be a power of two\n");
+        return 2;
+    }
     if (bench_env_u64("bench_threads", "HAKMEM_BENCH_MIN_SIZE", 64, 8, UINT32_MAX, &min_size) ||
         bench_env_u64("bench_threads", "HAKMEM_BENCH_MAX_SIZE", 64, 8, UINT32_MAX, &max_size))
         return 2;
@@ -319,11 +329,7 @@ int main(int argc, char **argv) {
         pthread_barrier_wait(&start);
         t0 = bench_now();
         bench_budget_start();
-        if (mode == LOCAL)
-            pthread_barrier_wait(&start);
-        else
-            for (uint64_t t = 0; t < nthreads; t++)
-                pthread_join(workers[t].tid, NULL);
+        pthread_barrier_wait(&start);
         done = ops;
         for (uint64_t t = 0; t < nthreads; t++) {
             total += workers[t].made;
@@ -333,7 +339,7 @@ int main(int argc, char **argv) {
     }
     double elapsed = bench_now() - t0;
     bench_count_end(total);
-    if (mode == LOCAL)
+    if (mode != CHURN)
         for (uint64_t t = 0; t < nthreads; t++)
             pthread_join(workers[t].tid, NULL);
     uint64_t check = 0;

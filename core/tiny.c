@@ -14,7 +14,14 @@
 #include <string.h>
 
 /* Which heap list a slab is on. */
-enum { WHERE_CUR, WHERE_AVAIL, WHERE_FULL };
+enum { WHERE_CUR, WHERE_AVAIL, WHERE_FULL, WHERE_SPARE };
+
+/* Empty slabs a heap keeps (any class, the least recently emptied given
+ * back first) before it gives them back to the SuperSlabs: a class whose
+ * slabs hold few blocks (8 of 8 KiB) empties and needs one again all the
+ * time, and each trip took the global SuperSlab lock twice. Given back at
+ * the thread's exit and on malloc_trim; up to 2 x 64 KiB a thread. */
+#define TINY_SPARES 2
 
 /* A thread's slabs. Heaps are never unmapped, only recycled, so a remote
  * freer may still touch the heap a slab's owner field named a moment ago.
@@ -27,6 +34,7 @@ struct tiny_heap {
     struct ss_slab *avail[TINY_NCLASSES];            /* owned slabs with free blocks */
     struct ss_slab *full[TINY_NCLASSES];             /* owned slabs with none at last look */
     bool warm[TINY_NCLASSES];                        /* first refill done (pre-warm) */
+    struct ss_slab *spare[TINY_SPARES];              /* empty slabs kept, newest first */
     _Atomic(void *) next_free;                       /* on tiny_heaps */
 };
 #define TINY_HEAP_LINK offsetof(struct tiny_heap, next_free)
@@ -193,11 +201,38 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
     return n;
 }
 
-/* Give an empty slab back, unless refills are coming from it. Owner only. */
+/* An empty slab, unless refills are coming from it, among the heap's
+ * spares (and the oldest spare back to the SuperSlabs). Owner only. */
 static void tiny_maybe_release(struct tiny_heap *h, struct ss_slab *s) {
     if (s->used != 0 || s == h->cur[s->cls]) return;
     tiny_list_unlink(h, s);
-    ss_release(s);
+    struct ss_slab *old = h->spare[TINY_SPARES - 1];
+    memmove(&h->spare[1], &h->spare[0], (TINY_SPARES - 1) * sizeof h->spare[0]);
+    h->spare[0] = s;
+    s->where = WHERE_SPARE;
+    if (old) ss_release(old);
+}
+
+/* A spare slab of cls out of the heap's, or NULL. */
+static struct ss_slab *tiny_take_spare(struct tiny_heap *h, uint32_t cls) {
+    for (uint32_t i = 0; i < TINY_SPARES && h->spare[i]; i++) {
+        struct ss_slab *s = h->spare[i];
+        if (s->cls != cls) continue;
+        memmove(&h->spare[i], &h->spare[i + 1], (TINY_SPARES - 1 - i) * sizeof h->spare[0]);
+        h->spare[TINY_SPARES - 1] = NULL;
+        return s;
+    }
+    return NULL;
+}
+
+/* Every spare back to the SuperSlabs; true when there was one. */
+static bool tiny_release_spares(struct tiny_heap *h) {
+    bool any = h->spare[0] != NULL;
+    for (uint32_t i = 0; i < TINY_SPARES; i++) {
+        if (h->spare[i]) ss_release(h->spare[i]);
+        h->spare[i] = NULL;
+    }
+    return any;
 }
 
 /* Take the orphans of cls and make them ours: the first to carve from, the
@@ -240,7 +275,7 @@ static struct ss_slab *tiny_next_slab(struct tiny_heap *h, uint32_t cls) {
     tiny_collect_remote(h, cls);
     if ((s = h->avail[cls]) != NULL) {
         tiny_list_unlink(h, s);
-    } else if ((s = tiny_adopt(h, cls)) == NULL) {
+    } else if ((s = tiny_take_spare(h, cls)) == NULL && (s = tiny_adopt(h, cls)) == NULL) {
         s = ss_acquire(cls, small_class_size[cls]);
         if (s == NULL) return NULL;
         atomic_store_explicit(&s->owner, h, memory_order_release);
@@ -363,6 +398,7 @@ void tiny_thread_exit(void) {
         }
         if (first) lf_push_chain(&tiny_orphans[cls], first, last, TINY_SLAB_LINK);
     }
+    tiny_release_spares(h);
     hak_tc.heap = NULL;
     lf_push(&tiny_heaps, h, TINY_HEAP_LINK);
 }
@@ -399,6 +435,7 @@ bool tiny_trim(void) {
             }
         }
     }
+    if (h) any |= tiny_release_spares(h); /* (the flushes above may have made some) */
     /* Orphans whose blocks all came back to them: the class's all taken
      * (ours to drain meanwhile), the others put back. */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {

@@ -25,6 +25,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIB = os.path.join(ROOT, "out/count/libhakmem.so")
+DEPTH = int(os.environ.get("SCALE_DEPTH", "3"))
 KINDS = ["rmw", "lock", "swrite", "sread"]
 
 
@@ -89,7 +90,7 @@ def resolve(addrs):
         loc = loc.replace(ROOT + "/", "")
         out[cur].append(f"{fn} {loc}")
         i += 2
-    return {a: " < ".join(v[:3]) for a, v in out.items()}
+    return {a: " < ".join(v[:DEPTH]) for a, v in out.items()}
 
 
 def main():
