@@ -209,6 +209,8 @@ bench:
 	@bench/deps.sh
 	@$(MAKE) --no-print-directory $(SUBMAKE_J) bench-bins
 	@bench/run.sh
+	@BENCH_SET=threads RUNS=$${THREADS_RUNS:-3} ALLOCATORS="$${THREADS_ALLOCATORS:-hakmem mimalloc jemalloc}" \
+		bench/run.sh
 	@bench/syscalls.sh
 
 # mmap/munmap/madvise/mremap/mprotect/brk calls per run (strace -f -c), hakmem

@@ -13,6 +13,8 @@
 #        HAKMEM_SO=path          hakmem library (default out/release/libhakmem.so)
 #        BENCH_EXTRA="NAME=PATH ..."  more allocators, LD_PRELOADed from PATH
 #                                (e.g. mi3=../shared/anchors/libmimalloc-3.4.3.so)
+#        BENCH_SET=threads       the thread sweep instead (below): its own
+#                                workloads, results in out/bench/threads/
 #
 # Writes out/bench/results.tsv (one row per run: ops/s, peak RSS, page faults,
 # whether the budget bounded it, its seconds), out/bench/table.md (the
@@ -24,7 +26,16 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 unset LD_PRELOAD # the glibc rows must really be glibc
 ROOT=$PWD
-OUT=out/bench
+BIN=out/bench # the bench programs
+BENCH_SET=${BENCH_SET:-main}
+case $BENCH_SET in
+main) OUT=out/bench ;;
+threads) OUT=out/bench/threads ;;
+*)
+    echo "bench/run.sh: BENCH_SET must be main or threads (got '$BENCH_SET')" >&2
+    exit 2
+    ;;
+esac
 RUNS=${RUNS:-9}
 BENCH_BUDGET=${BENCH_BUDGET:-1}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-120}
@@ -97,6 +108,41 @@ burst_8k-1m                 HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=104
 EOF
 }
 
+# The thread sweep (BENCH_SET=threads; make bench runs it after the main
+# set, with RUNS=3): the patterns a many-core machine makes of a global lock
+# or a shared cache line (bench/bench_threads.c), at 2, 8 and 32 threads.
+# ops are per thread, so each row of a pattern does the same work in all:
+# ring (every block freed by the next thread: xmalloc-test) at 64 B, 1-8 KiB
+# and 8-52 KiB; producer/consumer pairs; threads exiting with half their
+# blocks (churn; ops/256 rounds); Large blocks freed and taken again by
+# each thread (local, 16 slots a thread). On a 2-core machine 8 and 32
+# threads oversubscribe it: the rows then show what waiting on a lock held
+# by a preempted thread costs, not parallel speed-up.
+threads_table() {
+    cat <<'EOF2'
+# name               env / binary / args (mode, threads, ops per thread)
+ring_64_2t           bench_threads ring 2 400000
+ring_64_8t           bench_threads ring 8 100000
+ring_64_32t          bench_threads ring 32 25000
+ring_1-8k_2t         HAKMEM_BENCH_MIN_SIZE=1024 HAKMEM_BENCH_MAX_SIZE=8192 HAKMEM_BENCH_QUEUE=256 bench_threads ring 2 200000
+ring_1-8k_8t         HAKMEM_BENCH_MIN_SIZE=1024 HAKMEM_BENCH_MAX_SIZE=8192 HAKMEM_BENCH_QUEUE=256 bench_threads ring 8 50000
+ring_1-8k_32t        HAKMEM_BENCH_MIN_SIZE=1024 HAKMEM_BENCH_MAX_SIZE=8192 HAKMEM_BENCH_QUEUE=256 bench_threads ring 32 12500
+ring_8-52k_2t        HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=53248 HAKMEM_BENCH_QUEUE=256 bench_threads ring 2 100000
+ring_8-52k_8t        HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=53248 HAKMEM_BENCH_QUEUE=256 bench_threads ring 8 25000
+ring_8-52k_32t       HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=53248 HAKMEM_BENCH_QUEUE=256 bench_threads ring 32 6250
+pairs_8-2048_2t      HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=2048 bench_threads pairs 2 400000
+pairs_8-2048_8t      HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=2048 bench_threads pairs 8 100000
+pairs_8-2048_32t     HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=2048 bench_threads pairs 32 25000
+churn_16-1024_2t     HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 bench_threads churn 2 51200
+churn_16-1024_8t     HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 bench_threads churn 8 12800
+churn_16-1024_32t    HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 bench_threads churn 32 3200
+local_1-4m_2t        HAKMEM_BENCH_MIN_SIZE=1048576 HAKMEM_BENCH_MAX_SIZE=4194304 bench_threads local 2 8000
+local_1-4m_8t        HAKMEM_BENCH_MIN_SIZE=1048576 HAKMEM_BENCH_MAX_SIZE=4194304 bench_threads local 8 2000
+local_1-4m_32t       HAKMEM_BENCH_MIN_SIZE=1048576 HAKMEM_BENCH_MAX_SIZE=4194304 bench_threads local 32 500
+EOF2
+}
+[ "$BENCH_SET" = threads ] && workload_table() { threads_table; }
+
 # shellcheck source=bench/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 read_workloads bench/run.sh
@@ -115,14 +161,14 @@ spec_binary() {
 # Build the bench binaries (these targets do not need the library to build);
 # bench_fixed_size always, for the preflight below.
 PROBE=bench_fixed_size
-bins=("$OUT/$PROBE")
+bins=("$BIN/$PROBE")
 for spec in "${wl_specs[@]}"; do
     b=$(spec_binary "$spec")
     [ -f "bench/$b.c" ] || {
         echo "bench/run.sh: workload uses bench/$b.c, which does not exist" >&2
         exit 2
     }
-    bins+=("$OUT/$b")
+    bins+=("$BIN/$b")
 done
 mapfile -t bins < <(printf '%s\n' "${bins[@]}" | sort -u)
 make --no-print-directory -s "${bins[@]}"
@@ -170,7 +216,7 @@ for a in "${allocs[@]}"; do
     [ -z "$so" ] && continue
     log=$OUT/logs/preflight.$a.log
     set +e
-    LD_DEBUG=bindings LD_PRELOAD=$so timeout -k 5 "$BENCH_TIMEOUT" "$OUT/$probe" 1000 \
+    LD_DEBUG=bindings LD_PRELOAD=$so timeout -k 5 "$BENCH_TIMEOUT" "$BIN/$probe" 1000 \
         </dev/null >"$log" 2>&1
     rc=$?
     set -e
@@ -236,7 +282,7 @@ run_one() {
         if [ ${#cmd[@]} -eq 0 ] && [[ $w == *=* ]]; then
             envs+=("$w")
         elif [ ${#cmd[@]} -eq 0 ]; then
-            cmd+=("$OUT/$w")
+            cmd+=("$BIN/$w")
         else
             cmd+=("$w")
         fi

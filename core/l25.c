@@ -24,6 +24,12 @@ struct l25_shard {
     /* Committed empty bundles on `empty` (under the lock; read without it
      * by l25_steal, which locks only a shard that has one). */
     _Atomic uint32_t ncommitted;
+    /* The ageing pass has something to look at here: set (under the lock)
+     * when blocks come back or are taken, cleared by a pass that left no
+     * committed empty bundle and no free block with pages. Read without the
+     * lock: a pass locks only the shards that have work (all 305 were locked
+     * every pass, from whichever allocating thread made it). */
+    _Atomic bool work;
     uint64_t refills, flushes, carved_bytes;
 };
 
@@ -227,6 +233,12 @@ static inline _Atomic uint32_t *l25_spares_of(size_t span) {
     return &l25_spares[span >> (HAK_REGION_SHIFT + 1)]; /* 0, 1, 2 */
 }
 
+/* Work for the ageing pass. Shard lock held. */
+static inline void l25_work(struct l25_shard *s) {
+    if (!atomic_load_explicit(&s->work, memory_order_relaxed))
+        atomic_store_explicit(&s->work, true, memory_order_relaxed);
+}
+
 /* Off the shard's empty list. Shard lock held. */
 static void l25_empty_unlink(struct l25_shard *s, struct l25_bundle *b) {
     l25_list_remove(&s->empty, b);
@@ -411,6 +423,7 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
         b->listed = true;
     }
     uint32_t got = l25_take_from(s, b, out, want);
+    l25_work(s);
     hak_unlock(&s->lock);
     usage_add((int64_t)got * small_class_size[cls]);
     if (todo.n) l25_release(s, &todo);
@@ -466,6 +479,7 @@ void *l25_alloc_slow(uint32_t cls) {
  * held; work for after it in *todo. */
 static bool l25_put_locked(struct l25_shard *s, struct l25_bundle *b, void *p,
                            struct l25_todo *todo) {
+    l25_work(s);
     size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
     s->flushes++;
     s->carved_bytes -= b->size;
@@ -607,6 +621,16 @@ bool l25_trim(void) {
     return released;
 }
 
+/* Nothing for the ageing pass: no committed empty bundle, no free block
+ * that may hold pages (a bundle whose pages are not tracked counts as
+ * such while it has a free block). Shard lock held. */
+static bool l25_idle(struct l25_shard *s) {
+    if (atomic_load_explicit(&s->ncommitted, memory_order_relaxed)) return false;
+    for (struct l25_bundle *b = s->partial; b; b = b->next)
+        if (b->dirty == NULL ? b->navail != 0 : (b->avail1 & b->dirty1) != 0) return false;
+    return true;
+}
+
 /* Every shard's ageing step: under its lock, the empty bundles aged (by
  * their own clocks) and then visit(s, arg); the unmaps and decommits that
  * asked for after the lock. True if some memory went back. */
@@ -616,9 +640,12 @@ static bool l25_sweep(uint64_t now, bool (*visit)(struct l25_shard *, void *), v
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];
             struct l25_todo todo = {.n = 0};
+            if (!atomic_load_explicit(&s->work, memory_order_relaxed)) continue;
             hak_lock(&s->lock);
             if (s->empty) l25_tidy_empty(s, now, &todo);
             released |= visit(s, arg);
+            if (todo.n == 0 && l25_idle(s))
+                atomic_store_explicit(&s->work, false, memory_order_relaxed);
             hak_unlock(&s->lock);
             if (todo.n) {
                 l25_release(s, &todo);

@@ -37,8 +37,13 @@ static size_t pool_parked_bytes;           /* spares of the heaps of exited thre
 static struct pool_heap *pool_heaps_fresh; /* never used */
 static uint32_t pool_heaps_fresh_n;
 
-static _Atomic uint64_t pool_st_mapped, pool_st_unmapped, pool_st_bytes, pool_st_remote,
-    pool_st_drains;
+static _Atomic uint64_t pool_st_mapped, pool_st_unmapped, pool_st_bytes;
+/* Remote frees taken back and drains: counted per thread, published in
+ * batches (a drain every few refills: two atomics on a line every thread
+ * writes, each time), at thread exit and before a read. */
+#define POOL_DRAIN_BATCH 64
+static _Atomic int64_t pool_st_remote, pool_st_drains;
+static __thread int64_t pool_remote_pending, pool_drains_pending;
 /* Carved bytes: counted per thread, published in batches (box/usage.h), at
  * thread exit and before a read. */
 static _Atomic int64_t pool_st_carved;
@@ -46,6 +51,13 @@ static __thread int64_t pool_carved_pending;
 
 static inline uint32_t pool_k(uint32_t cls) {
     return cls - POOL_FIRST;
+}
+
+/* This thread's pending counts, published. */
+static void pool_flush_counts(void) {
+    usage_batch_flush(&pool_st_carved, &pool_carved_pending);
+    usage_batch_flush(&pool_st_remote, &pool_remote_pending);
+    usage_batch_flush(&pool_st_drains, &pool_drains_pending);
 }
 
 /* ---- heaps ----------------------------------------------------------------------------- */
@@ -148,7 +160,15 @@ static size_t pool_carved(struct pool_chunk *c) {
  * and emptying a chunk are rare. Out of line: inlined, it cost
  * pool_alloc_slow a register saved and restored on every call. */
 __attribute__((noinline)) static void pool_carved_add(int64_t bytes) {
-    usage_batch_add(&pool_st_carved, &pool_carved_pending, bytes, USAGE_BATCH_SLACK);
+    /* Carving (every thread, often) is counted per thread and published in
+     * batches; a chunk emptied or unmapped (rare, and maybe by a thread that
+     * never reads the stats: the background one) goes to the total at once,
+     * so the published total never exceeds what the chunks hold (mallinfo2:
+     * uordblks <= arena), and no thread's exit leaves a change pending. */
+    if (bytes > 0)
+        usage_batch_add(&pool_st_carved, &pool_carved_pending, bytes, USAGE_BATCH_SLACK);
+    else
+        atomic_fetch_add_explicit(&pool_st_carved, bytes, memory_order_relaxed);
     usage_add(bytes);
 }
 
@@ -217,8 +237,8 @@ static void pool_drain(struct pool_heap *h) {
         pool_give(h, b, pool_hdr_of(b)->cls);
         b = next;
     }
-    atomic_fetch_add_explicit(&pool_st_remote, n, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pool_st_drains, 1, memory_order_relaxed);
+    usage_batch_add(&pool_st_remote, &pool_remote_pending, (int64_t)n, 1 << 20);
+    usage_batch_add(&pool_st_drains, &pool_drains_pending, 1, POOL_DRAIN_BATCH);
 }
 
 /* ---- allocation and free -------------------------------------------------------------- */
@@ -327,7 +347,6 @@ static void pool_cache_return(struct pool_heap *h) {
 void pool_thread_exit(void) {
     struct pool_heap *h = hak_tc.pool;
     if (h == NULL) return;
-    usage_batch_flush(&pool_st_carved, &pool_carved_pending);
     pool_cache_return(h);
     pool_heap_tidy(h, false); /* the spares go with the heap to the next thread */
     hak_tc.pool = NULL;
@@ -351,7 +370,8 @@ void pool_thread_exit(void) {
         drop = c->all_next;
         pool_chunk_unmap(c);
     }
-    bell_ring(); /* its spares age now, with no thread to look at them */
+    pool_flush_counts(); /* last: a thread's counts left pending at its exit would be lost */
+    bell_ring();         /* its spares age now, with no thread to look at them */
 }
 
 bool pool_age(void) {
@@ -409,9 +429,9 @@ void pool_get_stats(struct pool_stats *s) {
     s->chunks_unmapped = atomic_load_explicit(&pool_st_unmapped, memory_order_relaxed);
     s->chunks_live = s->chunks_mapped - s->chunks_unmapped;
     s->bytes_live = atomic_load_explicit(&pool_st_bytes, memory_order_relaxed);
-    usage_batch_flush(&pool_st_carved, &pool_carved_pending); /* this thread's, published */
+    pool_flush_counts(); /* this thread's, published (others' may be pending) */
     int64_t carved = atomic_load_explicit(&pool_st_carved, memory_order_relaxed);
-    s->carved_bytes = carved > 0 ? (uint64_t)carved : 0; /* (others' may be pending) */
-    s->remote_frees = atomic_load_explicit(&pool_st_remote, memory_order_relaxed);
-    s->drains = atomic_load_explicit(&pool_st_drains, memory_order_relaxed);
+    s->carved_bytes = carved > 0 ? (uint64_t)carved : 0;
+    s->remote_frees = (uint64_t)atomic_load_explicit(&pool_st_remote, memory_order_relaxed);
+    s->drains = (uint64_t)atomic_load_explicit(&pool_st_drains, memory_order_relaxed);
 }

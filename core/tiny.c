@@ -383,9 +383,11 @@ static void tiny_let_go(struct ss_slab *s, struct ss_slab **first, struct ss_sla
 
 void tiny_thread_exit(void) {
     tiny_merge_counts();
-    ss_flush_counts();
     struct tiny_heap *h = hak_tc.heap;
-    if (h == NULL) return;
+    if (h == NULL) {
+        ss_flush_counts();
+        return;
+    }
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
@@ -401,6 +403,7 @@ void tiny_thread_exit(void) {
     tiny_release_spares(h);
     hak_tc.heap = NULL;
     lf_push(&tiny_heaps, h, TINY_HEAP_LINK);
+    ss_flush_counts(); /* last: nothing above is left pending */
 }
 
 bool tiny_trim(void) {

@@ -419,6 +419,32 @@ static void test_exited_threads_spares_bounded(void **state) {
     assert_true(pstats().bytes_live <= a.bytes_live);
 }
 
+/* A thread that carves Pool blocks and exits: what its exit gives back
+ * (its current chunk emptied into the spares) comes off the carved count
+ * too. Its change was once left pending in the exiting thread, and the
+ * count (mallinfo2's uordblks) stayed above what the chunks held. */
+static void *carve_and_exit(void *arg) {
+    (void)arg;
+    void *p[8];
+    for (int i = 0; i < 8; i++) {
+        p[i] = malloc(20000);
+        memset(p[i], i, 20000);
+    }
+    for (int i = 0; i < 8; i++)
+        free(p[i]);
+    return NULL;
+}
+
+static void test_carved_count_back_after_exit(void **state) {
+    (void)state;
+    struct pool_stats a = pstats();
+    run_in_thread(carve_and_exit, NULL);
+    struct pool_stats b = pstats();
+    assert_int_equal(b.carved_bytes, a.carved_bytes);
+    struct mallinfo2 mi = mallinfo2();
+    assert_true(mi.uordblks <= mi.arena);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exited_threads_spares_bounded),
@@ -427,6 +453,7 @@ int main(void) {
         cmocka_unit_test(test_arena_sizes_follow_config),
         cmocka_unit_test(test_remote_frees_drained_before_carving),
         cmocka_unit_test(test_remote_frees_under_concurrency),
+        cmocka_unit_test(test_carved_count_back_after_exit),
         cmocka_unit_test(test_burst_cycles_make_no_syscall),
         cmocka_unit_test(test_chunks_unmapped_when_blocks_all_back),
         cmocka_unit_test(test_heaps_recycled),
