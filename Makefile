@@ -209,7 +209,7 @@ bench:
 	@bench/deps.sh
 	@$(MAKE) --no-print-directory $(SUBMAKE_J) bench-bins
 	@bench/run.sh
-	@BENCH_SET=threads RUNS=$${THREADS_RUNS:-3} ALLOCATORS="$${THREADS_ALLOCATORS:-hakmem mimalloc jemalloc}" \
+	@BENCH_SET=threads RUNS=$${THREADS_RUNS:-5} ALLOCATORS="$${THREADS_ALLOCATORS:-hakmem mimalloc jemalloc}" \
 		bench/run.sh
 	@bench/syscalls.sh
 

@@ -109,7 +109,7 @@ EOF
 }
 
 # The thread sweep (BENCH_SET=threads; make bench runs it after the main
-# set, with RUNS=3): the patterns a many-core machine makes of a global lock
+# set, with RUNS=5): the patterns a many-core machine makes of a global lock
 # or a shared cache line (bench/bench_threads.c), at 2, 8 and 32 threads.
 # ops are per thread, so each row of a pattern does the same work in all:
 # ring (every block freed by the next thread: xmalloc-test) at 64 B, 1-8 KiB

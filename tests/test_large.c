@@ -1338,6 +1338,47 @@ static void test_thread_cache_double_free_caught(void **state) {
     expect_free_abort(do_free_twice, p, "double free");
 }
 
+/* Many threads freeing big blocks: the threads' caches together keep at
+ * most half the BigCache's bound, and the rest reaches the BigCache, where
+ * every thread finds it. (Each of 8 threads kept 4 mappings of its own, and
+ * another thread's mallocs mapped fresh memory for every one.) */
+#define TC_MANY 8
+static void *free_four_and_wait(void *arg) {
+    (void)arg;
+    void *p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = malloc(3 * MiB);
+    pthread_barrier_wait(&tc_bar); /* all 32 mapped (none reused meanwhile) */
+    for (int i = 0; i < 4; i++)
+        free(p[i]);
+    pthread_barrier_wait(&tc_bar); /* freed */
+    pthread_barrier_wait(&tc_bar); /* the main thread took its blocks */
+    return NULL;
+}
+
+static void test_thread_caches_leave_the_bigcache_its_share(void **state) {
+    (void)state;
+    pthread_t t[TC_MANY];
+    pthread_barrier_init(&tc_bar, NULL, TC_MANY + 1);
+    for (int i = 0; i < TC_MANY; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, free_four_and_wait, NULL), 0);
+    pthread_barrier_wait(&tc_bar);
+    pthread_barrier_wait(&tc_bar);
+    /* 32 mappings freed; the caches hold at most 64 MiB of them (4 threads'
+     * worth, 16 mappings): 16 at least are the BigCache's. */
+    void *q[16];
+    uint64_t maps = os_calls(OS_MMAP);
+    for (int i = 0; i < 16; i++)
+        q[i] = malloc(3 * MiB);
+    assert_int_equal(os_calls(OS_MMAP), maps);
+    pthread_barrier_wait(&tc_bar);
+    for (int i = 0; i < TC_MANY; i++)
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+    pthread_barrier_destroy(&tc_bar);
+    for (int i = 0; i < 16; i++)
+        free(q[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -1384,6 +1425,7 @@ int main(void) {
         cmocka_unit_test_setup(test_thread_cache_to_bigcache_at_exit, tc_reset),
         cmocka_unit_test_setup(test_trim_empties_every_thread_cache, tc_reset),
         cmocka_unit_test_setup(test_thread_cache_double_free_caught, tc_reset),
+        cmocka_unit_test_setup(test_thread_caches_leave_the_bigcache_its_share, tc_reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
