@@ -833,11 +833,12 @@ static __thread bool large_tc_denied; /* no record for this thread: do not ask a
 /* A record for this thread, claimed at its first Large free (a thread that
  * never frees one holds no share), or NULL. */
 static struct large_tc *large_tc_claim(void) {
+    /* (want > 0: the caller has a mapping within half of it.) */
     size_t want = large_tc_bound(),
            g = atomic_load_explicit(&large_tc_granted, memory_order_relaxed);
     large_tc_denied = true;
     do {
-        if (want == 0 || g + want > hak_cfg.bigcache_bytes / 2) return NULL;
+        if (g + want > hak_cfg.bigcache_bytes / 2) return NULL;
     } while (!atomic_compare_exchange_weak_explicit(&large_tc_granted, &g, g + want,
                                                     memory_order_relaxed, memory_order_relaxed));
     for (uint32_t i = 0; i < LARGE_TC_RECORDS; i++) {
