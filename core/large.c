@@ -581,13 +581,19 @@ static struct large_entry large_cache_claim(const void *at, size_t min, uint64_t
 }
 
 /* Keep h for reuse. */
-static void large_cache_put(struct large_hdr *h) {
+/* Keep h, freed at `freed_ms`, for reuse. */
+static void large_cache_put_at(struct large_hdr *h, uint64_t freed_ms) {
     large_cache_add((struct large_entry){.h = h,
                                          .size = h->map_size,
-                                         .freed_ms = hak_now_ms(),
+                                         .freed_ms = freed_ms,
                                          .map = h->map,
                                          .thp = h->thp,
                                          .guarded = h->guarded});
+}
+
+/* Keep h, freed now, for reuse. */
+static void large_cache_put(struct large_hdr *h) {
+    large_cache_put_at(h, hak_now_ms());
 }
 
 /* h's mapping now has `size` bytes, its last page a guard if `guarded`.
@@ -779,7 +785,8 @@ static uint64_t large_spare_age(uint64_t now) {
  * mallocs: reused without the BigCache's lock (a malloc and a free of a big
  * buffer each took it, and scanned its 64 entries under it). At most
  * LARGE_TC_N of them, and HAKMEM_LARGE_TCACHE_MB together (but an eighth of
- * the BigCache's bound at most), none bigger than half that; one pushed out
+ * the BigCache's bound at most, and all threads' together half of it:
+ * large_tc_granted), none bigger than half that; one pushed out
  * by a newer one goes to the BigCache with its time of free, all of them at
  * the thread's exit and on a malloc_trim.
  *
@@ -791,9 +798,9 @@ static uint64_t large_spare_age(uint64_t now) {
  * atomic exchange, by its thread (a hit: one exchange on a line of its own)
  * or by the ager; the thread fills it with a store. Its thread's view of
  * its slots (`mine`) is owner-only: a slot the ager emptied shows there
- * until the thread looks at it again. Records are claimed by threads from a
- * fixed table and given back at their exit; a thread that finds none left
- * (LARGE_TC_RECORDS threads have one) caches nothing of its own. */
+ * until the thread looks at it again. Records are claimed from a fixed table
+ * at a thread's first Large free and given back at its exit; a thread that
+ * gets none caches nothing of its own. */
 #define LARGE_TC_N       4
 #define LARGE_TC_RECORDS 256
 
@@ -853,17 +860,6 @@ static struct large_tc *large_tc_claim(void) {
     }
     atomic_fetch_sub_explicit(&large_tc_granted, want, memory_order_relaxed);
     return NULL;
-}
-
-static void large_cache_add(struct large_entry e);
-
-static void large_cache_put_at(struct large_hdr *h, uint64_t freed_ms) {
-    large_cache_add((struct large_entry){.h = h,
-                                         .size = h->map_size,
-                                         .freed_ms = freed_ms,
-                                         .map = h->map,
-                                         .thp = h->thp,
-                                         .guarded = h->guarded});
 }
 
 /* Slot i of the thread's record emptied, by its thread (the mapping, or

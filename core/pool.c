@@ -41,7 +41,8 @@ static _Atomic uint64_t pool_st_mapped, pool_st_unmapped, pool_st_bytes;
 /* Remote frees taken back and drains: counted per thread, published in
  * batches (a drain every few refills: two atomics on a line every thread
  * writes, each time), at thread exit and before a read. */
-#define POOL_DRAIN_BATCH 64
+#define POOL_DRAIN_BATCH  64
+#define POOL_REMOTE_BATCH 4096 /* blocks */
 static _Atomic int64_t pool_st_remote, pool_st_drains;
 static __thread int64_t pool_remote_pending, pool_drains_pending;
 /* Carved bytes: counted per thread, published in batches (box/usage.h), at
@@ -237,7 +238,7 @@ static void pool_drain(struct pool_heap *h) {
         pool_give(h, b, pool_hdr_of(b)->cls);
         b = next;
     }
-    usage_batch_add(&pool_st_remote, &pool_remote_pending, (int64_t)n, 1 << 20);
+    usage_batch_add(&pool_st_remote, &pool_remote_pending, (int64_t)n, POOL_REMOTE_BATCH);
     usage_batch_add(&pool_st_drains, &pool_drains_pending, 1, POOL_DRAIN_BATCH);
 }
 

@@ -367,42 +367,52 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
 
 /* ---- thread exit, trim, fork ----------------------------------------------------- */
 
-/* Drain s; give it back if empty, else add it to the chain *first..*last
- * to be left to the next thread. */
-static void tiny_let_go(struct ss_slab *s, struct ss_slab **first, struct ss_slab **last) {
+/* Slabs on their way to a class's orphans, pushed there in one step. */
+struct tiny_chain {
+    struct ss_slab *first, *last;
+};
+
+/* Drain s; give it back if empty (true), else add it to c, ownerless. */
+static bool tiny_let_go(struct ss_slab *s, struct tiny_chain *c) {
     tiny_drain(s);
     if (s->used == 0) {
         ss_release(s);
-        return;
+        return true;
     }
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_release);
-    s->next = *first;
-    *first = s;
-    if (*last == NULL) *last = s;
+    s->next = c->first;
+    c->first = s;
+    if (c->last == NULL) c->last = s;
+    return false;
 }
 
-void tiny_thread_exit(void) {
-    tiny_merge_counts();
-    struct tiny_heap *h = hak_tc.heap;
-    if (h == NULL) {
-        ss_flush_counts();
-        return;
-    }
+static void tiny_orphan(uint32_t cls, const struct tiny_chain *c) {
+    if (c->first) lf_push_chain(&tiny_orphans[cls], c->first, c->last, TINY_SLAB_LINK);
+}
+
+/* The exiting thread's heap: its slabs left (empty ones given back), the
+ * heap to the next thread. */
+static void tiny_heap_exit(struct tiny_heap *h) {
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
-        struct ss_slab *first = NULL, *last = NULL;
+        struct tiny_chain c = {NULL, NULL};
         for (int l = 0; l < 3; l++) {
             for (struct ss_slab *s = lists[l], *next; s; s = next) {
                 next = l ? s->next : NULL; /* cur is a single slab */
-                tiny_let_go(s, &first, &last);
+                tiny_let_go(s, &c);
             }
         }
-        if (first) lf_push_chain(&tiny_orphans[cls], first, last, TINY_SLAB_LINK);
+        tiny_orphan(cls, &c);
     }
     tiny_release_spares(h);
     hak_tc.heap = NULL;
     lf_push(&tiny_heaps, h, TINY_HEAP_LINK);
+}
+
+void tiny_thread_exit(void) {
+    tiny_merge_counts();
+    if (hak_tc.heap) tiny_heap_exit(hak_tc.heap);
     ss_flush_counts(); /* last: nothing above is left pending */
 }
 
@@ -442,20 +452,12 @@ bool tiny_trim(void) {
     /* Orphans whose blocks all came back to them: the class's all taken
      * (ours to drain meanwhile), the others put back. */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        struct ss_slab *s = lf_take_all(&tiny_orphans[cls]), *next, *first = NULL, *last = NULL;
-        for (; s; s = next) {
+        struct tiny_chain c = {NULL, NULL};
+        for (struct ss_slab *s = lf_take_all(&tiny_orphans[cls]), *next; s; s = next) {
             next = s->next;
-            tiny_drain(s);
-            if (s->used == 0) {
-                ss_release(s);
-                any = true;
-                continue;
-            }
-            s->next = first;
-            first = s;
-            if (last == NULL) last = s;
+            any |= tiny_let_go(s, &c);
         }
-        if (first) lf_push_chain(&tiny_orphans[cls], first, last, TINY_SLAB_LINK);
+        tiny_orphan(cls, &c);
     }
     return any;
 }

@@ -62,11 +62,12 @@ static inline void *lf_pop(struct lf_stack *s, size_t link_off) {
 /* Every record at once (a chain, linked at link_off), or NULL: a load first,
  * so an empty stack costs no locked instruction. */
 static inline void *lf_take_all(struct lf_stack *s) {
-    if (lf_addr(atomic_load_explicit(&s->top, memory_order_relaxed)) == NULL) return NULL;
     uint64_t old = atomic_load_explicit(&s->top, memory_order_relaxed);
-    while (!atomic_compare_exchange_weak_explicit(&s->top, &old, (old & ~LF_ADDR_MASK) + LF_TAG_ONE,
-                                                  memory_order_acquire, memory_order_relaxed))
-        ;
+    do {
+        if (lf_addr(old) == NULL) return NULL;
+    } while (!atomic_compare_exchange_weak_explicit(&s->top, &old,
+                                                    (old & ~LF_ADDR_MASK) + LF_TAG_ONE,
+                                                    memory_order_acquire, memory_order_relaxed));
     return lf_addr(old);
 }
 
