@@ -3,7 +3,8 @@
 #ifndef HAK_TEST_MAPS_H
 #define HAK_TEST_MAPS_H
 
-#include <fcntl.h>
+#include "proc.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,14 +17,7 @@
  * that count what the allocator does may call it. */
 static inline bool maps_perms(const void *p, char perms[5]) {
     static char buf[1 << 20];
-    int fd = open("/proc/self/maps", O_RDONLY);
-    if (fd < 0) return false;
-    size_t len = 0;
-    ssize_t n;
-    while (len < sizeof buf - 1 && (n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
-        len += (size_t)n;
-    close(fd);
-    buf[len] = 0;
+    if (proc_read("/proc/self/maps", buf, sizeof buf) < 0) return false;
     for (char *line = buf; *line;) {
         char *end;
         uintptr_t lo = strtoull(line, &end, 16), hi = strtoull(end + 1, &end, 16);
@@ -60,15 +54,8 @@ static size_t maps_nranges;
 /* False when /proc/self/maps could not be read whole. */
 static inline bool maps_snapshot(void) {
     static char buf[1 << 22];
-    int fd = open("/proc/self/maps", O_RDONLY);
-    if (fd < 0) return false;
-    size_t len = 0;
-    ssize_t n;
-    while (len < sizeof buf - 1 && (n = read(fd, buf + len, sizeof buf - 1 - len)) > 0)
-        len += (size_t)n;
-    close(fd);
-    if (len == sizeof buf - 1) return false;
-    buf[len] = 0;
+    ssize_t len = proc_read("/proc/self/maps", buf, sizeof buf);
+    if (len < 0 || (size_t)len == sizeof buf - 1) return false;
     maps_nranges = 0;
     for (char *line = buf; *line;) {
         if (maps_nranges == sizeof maps_ranges / sizeof maps_ranges[0]) return false;
@@ -123,11 +110,7 @@ static inline bool maps_given_back(const void *p, size_t len) {
 static inline bool maps_mlockall(int flags) {
     if (mlockall(flags) != 0) return false;
     static char buf[4096];
-    int fd = open("/proc/self/status", O_RDONLY);
-    if (fd < 0) return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    buf[n > 0 ? n : 0] = 0;
+    if (proc_read("/proc/self/status", buf, sizeof buf) < 0) return false;
     const char *l = strstr(buf, "VmLck:");
     return l != NULL && strtol(l + 6, NULL, 10) > 0;
 }

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "proc.h"
 #include "rng.h"
 #include "death.h"
 #include "front/background.h"
@@ -78,45 +79,36 @@ static size_t rss_bytes(void) {
     return sp ? (size_t)strtoull(sp + 1, NULL, 10) * (size_t)sysconf(_SC_PAGESIZE) : 0;
 }
 
-/* Threads of this process, and how many of them are hakmem's ageing thread. */
-static int count_threads(int *bg) {
+/* Threads of this process (-1 when unreadable), how many of them are
+ * hakmem's ageing thread (*bg), and the first one's id (*tid, -1: none). */
+static int scan_threads(int *bg, int *tid) {
     int n = 0;
     *bg = 0;
+    *tid = -1;
     DIR *d = opendir("/proc/self/task");
     if (d == NULL) return -1;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.') continue;
         n++;
-        char path[64], comm[32] = {0};
+        char path[64], comm[32];
         snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0) continue;
-        ssize_t k = read(fd, comm, sizeof comm - 1);
-        close(fd);
-        if (k > 0 && strncmp(comm, "hakmem-bg", 9) == 0) (*bg)++;
+        if (proc_read(path, comm, sizeof comm) <= 0 || strncmp(comm, "hakmem-bg", 9) != 0) continue;
+        if ((*bg)++ == 0) *tid = atoi(e->d_name);
     }
     closedir(d);
     return n;
 }
 
+static int count_threads(int *bg) {
+    int tid;
+    return scan_threads(bg, &tid);
+}
+
 /* The ageing thread's id, -1 when there is none. */
 static int bg_tid(void) {
-    int tid = -1;
-    DIR *d = opendir("/proc/self/task");
-    if (d == NULL) return -1;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL && tid < 0) {
-        if (e->d_name[0] == '.') continue;
-        char path[64], comm[32] = {0};
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0) continue;
-        ssize_t k = read(fd, comm, sizeof comm - 1);
-        close(fd);
-        if (k > 0 && strncmp(comm, "hakmem-bg", 9) == 0) tid = atoi(e->d_name);
-    }
-    closedir(d);
+    int bg, tid;
+    scan_threads(&bg, &tid);
     return tid;
 }
 
@@ -133,12 +125,7 @@ struct bg_cost {
 static bool bg_ns(int tid, uint64_t *cpu, uint64_t *wait) {
     char path[64], buf[128];
     snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", tid);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return false;
-    buf[n] = 0;
+    if (proc_read(path, buf, sizeof buf) <= 0) return false;
     unsigned long long c = 0, w = 0;
     if (sscanf(buf, "%llu %llu", &c, &w) != 2) return false;
     *cpu = c;

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "box/lock.h"
+#include "proc.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -77,12 +78,7 @@ static long status_field(const char *buf, const char *name) {
 static bool switches_of(pid_t tid, struct switches *sw) {
     char path[64], buf[4096];
     snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tid);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return false;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return false;
-    buf[n] = 0;
+    if (proc_read(path, buf, sizeof buf) <= 0) return false;
     sw->naps = status_field(buf, "\nvoluntary_ctxt_switches:");
     sw->given = status_field(buf, "\nnonvoluntary_ctxt_switches:");
     return sw->naps >= 0 && sw->given >= 0;
