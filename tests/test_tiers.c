@@ -28,6 +28,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "proc.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <malloc.h>
@@ -275,23 +277,10 @@ static void join(pthread_t t) {
 
 /* ---- what the kernel says ------------------------------------------------------------- */
 
-/* Reads a small /proc file without stdio (which would allocate). */
-static size_t read_proc(const char *path, char *buf, size_t cap) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return 0;
-    size_t len = 0;
-    ssize_t r;
-    while (len < cap - 1 && (r = read(fd, buf + len, cap - 1 - len)) > 0)
-        len += (size_t)r;
-    close(fd);
-    buf[len] = 0;
-    return len;
-}
-
 /* Resident memory of this process in bytes (statm's second field). */
 static size_t rss_bytes(void) {
     char buf[256];
-    assert_true(read_proc("/proc/self/statm", buf, sizeof buf) > 0);
+    assert_true(proc_read("/proc/self/statm", buf, sizeof buf) > 0);
     char *end;
     strtoull(buf, &end, 10);
     size_t pages = strtoull(end, NULL, 10);
@@ -301,7 +290,7 @@ static size_t rss_bytes(void) {
 /* MemAvailable in bytes, 0 if unknown. */
 static size_t mem_available(void) {
     static char buf[16384];
-    if (read_proc("/proc/meminfo", buf, sizeof buf) == 0) return 0;
+    if (proc_read("/proc/meminfo", buf, sizeof buf) <= 0) return 0;
     const char *s = strstr(buf, "MemAvailable:");
     if (s == NULL) return 0;
     return (size_t)strtoull(s + strlen("MemAvailable:"), NULL, 10) * KiB;
