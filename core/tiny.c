@@ -19,8 +19,9 @@ enum { WHERE_CUR, WHERE_AVAIL, WHERE_FULL, WHERE_SPARE };
 /* Empty slabs a heap keeps (any class, the least recently emptied given
  * back first) before it gives them back to the SuperSlabs: a class whose
  * slabs hold few blocks (8 of 8 KiB) empties and needs one again all the
- * time, and each trip took the global SuperSlab lock twice. Given back at
- * the thread's exit and on malloc_trim; up to 2 x 64 KiB a thread. */
+ * time, and each trip to the SuperSlabs is two atomics on lines every
+ * thread writes. Given back at the thread's exit and on malloc_trim; up to
+ * 2 x 64 KiB a thread. */
 #define TINY_SPARES 2
 
 /* A thread's slabs. Heaps are never unmapped, only recycled, so a remote
@@ -380,7 +381,7 @@ static bool tiny_let_go(struct ss_slab *s, struct tiny_chain *c) {
         return true;
     }
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_release);
-    s->next = c->first;
+    ss_slab_link(s, c->first);
     c->first = s;
     if (c->last == NULL) c->last = s;
     return false;

@@ -1,17 +1,20 @@
 /* SuperSlab slot management. Everything here runs on slow paths (a slab
- * acquired or given back per tens to thousands of blocks), under one lock. */
+ * acquired or given back per tens to thousands of blocks), on every thread:
+ * the common ones, an EMPTY slab taken or given back, take no lock. */
 #include "superslab/ss.h"
 
 #include "box/arena.h"
 #include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
+#include "box/lfstack.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/usage.h"
 #include "sizeclass.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -29,30 +32,69 @@ static uintptr_t ss_range_used; /* bytes from the base ever mapped */
 static uint64_t ss_range_free[SS_RANGE_MAX / SS_SIZE / 64];
 static uint64_t ss_range_nfree;
 
+/* What no thread's allocation waits for is under ss_lock: a SuperSlab's
+ * UNUSED slots (ss_partial), the cache, the range, and retiring a SuperSlab
+ * whose slots all came back, which happen once per SuperSlab, not per slab.
+ * No system call is made while it is held except growing and shrinking the
+ * range. EMPTY slabs wait on a lock-free stack per class (box/lfstack.h:
+ * descriptors are never unmapped, only made read-only zeroes, so a popper
+ * may read a stale link), each on a line of its own. */
 static pthread_mutex_t ss_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct superslab *ss_partial;            /* SuperSlabs with an UNUSED slot */
-static struct ss_slab *ss_empty[TINY_NCLASSES]; /* EMPTY slabs by class */
-static struct superslab *ss_cache;              /* all-empty, decommitted */
+static struct superslab *ss_partial; /* SuperSlabs with an UNUSED slot */
+/* ss_partial != NULL, for a look without the lock (ss_partial_changed). */
+static _Atomic bool ss_have_partial;
+static struct { struct lf_stack s; } __attribute__((aligned(64))) ss_empty[TINY_NCLASSES];
+#define SS_SLAB_LINK offsetof(struct ss_slab, next)
+static struct superslab *ss_cache; /* all-empty, decommitted */
+/* SuperSlabs whose retire found a slab missing, as when a purge pass held
+ * it: the pass tries them again once it has put its slabs back (one whose
+ * slab an acquire took is tried again at that slab's release). Beyond
+ * SS_RETRY_MAX the rest wait for a release or malloc_trim (ss_trim). */
+#define SS_RETRY_MAX 32
+static struct superslab *ss_retry[SS_RETRY_MAX];
+static uint32_t ss_nretry;
+/* The counts changed under ss_lock (live, cached, stage2, stage3_*,
+ * retired, unmapped); the others are counted per thread (ss_count). */
 static struct ss_stats ss_st;
-static uint8_t ss_epoch; /* ss_purge passes, mod 256 */
-/* ms: when the next timed pass is due. Written under the lock, read without
- * it too (a pass not due costs no lock). */
+/* One purge pass at a time; allocations never wait for it. */
+static pthread_mutex_t ss_purge_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uint8_t ss_epoch; /* ss_purge passes, mod 256 */
+/* ms: when the next timed pass is due (a pass not due costs no lock). */
 static _Atomic uint64_t ss_purge_next;
 /* An EMPTY slot may still hold pages: a later pass has work (ss_age_next). */
-static bool ss_dirty;
-/* Bytes carved in slabs not reset since. Carves are counted per thread and
- * published in batches (box/usage.h): a carve runs on every core, and a
- * counter line written by all of them on each would be a shared write per
- * carve. Resets and retires, under the lock, go straight to it. */
+static _Atomic bool ss_dirty;
+/* Bytes carved in slabs not reset since. Counted per thread and published
+ * in batches (box/usage.h): a carve runs on every core, and a counter line
+ * written by all of them on each would be a shared write per carve. */
 static _Atomic int64_t ss_carved;
 static __thread int64_t ss_carved_pending;
+
+/* Slab events counted without a lock: per thread, summed when read. */
+enum { SC_STAGE1, SC_RECLASS, SC_RELEASES, SC_PURGED, SC_N };
+static _Atomic uint64_t ss_counts[SC_N];
+static __thread uint64_t ss_counts_pending[SC_N];
+
+static inline void ss_count(int c, uint64_t n) {
+    ss_counts_pending[c] += n;
+}
 
 void ss_note_carved(size_t bytes) {
     usage_batch_add(&ss_carved, &ss_carved_pending, (int64_t)bytes, USAGE_BATCH_SLACK);
 }
 
+/* Carved bytes gone (a slab reset, purged or retired). */
+static void ss_note_uncarved(const struct ss_slab *s) {
+    usage_batch_add(&ss_carved, &ss_carved_pending, -(int64_t)s->carved * s->size,
+                    USAGE_BATCH_SLACK);
+}
+
 void ss_flush_counts(void) {
     usage_batch_flush(&ss_carved, &ss_carved_pending);
+    for (int c = 0; c < SC_N; c++) {
+        if (ss_counts_pending[c])
+            atomic_fetch_add_explicit(&ss_counts[c], ss_counts_pending[c], memory_order_relaxed);
+        ss_counts_pending[c] = 0;
+    }
 }
 
 #define SS_ALL_SLOTS (~(uint32_t)0 << SS_FIRST_SLOT)
@@ -78,7 +120,7 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
      * old block size's offsets. Left there, a new block whose program moved
      * never-written bytes over its second word would read as free. */
     memset(ss_slab_base(s), 0, (size_t)s->carved * s->size);
-    atomic_fetch_sub_explicit(&ss_carved, (int64_t)s->carved * s->size, memory_order_relaxed);
+    ss_note_uncarved(s);
     s->free = NULL;
     atomic_store_explicit(&s->remote, NULL, memory_order_relaxed);
     s->div_mul = (uint32_t)(((uint64_t)1 << 32) / size + 1);
@@ -86,7 +128,8 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
     s->capacity = (uint16_t)(SS_SLOT_SIZE / size);
     ss_set_carved(s, 0);
     s->used = 0;
-    s->cls = (uint8_t)cls;
+    /* (Read by a retire that races this re-cut: see ss_try_retire.) */
+    __atomic_store_n(&s->cls, (uint8_t)cls, __ATOMIC_RELAXED);
 }
 
 /* Place for one more SuperSlab in the range: a given-back one, else the next
@@ -128,27 +171,20 @@ static void ss_range_put(uintptr_t a) {
     ss_range_nfree++;
 }
 
-/* A fresh SuperSlab with every slot UNUSED, or NULL. Lock held. */
-static struct superslab *ss_map(void) {
-    uintptr_t a = ss_range_take();
-    if (a == 0) return NULL;
-    if (!os_commit((void *)a, SS_SIZE)) {
-        ss_range_put(a);
-        return NULL;
-    }
-    struct superslab *ss = (struct superslab *)a;
-    for (uint32_t i = 0; i < SS_NSLOTS; i++)
-        atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
-    return ss;
-}
-
-/* Give a SuperSlab back to the OS; its place stays in the range, read-only
- * and zero. Lock held. */
+/* Give a SuperSlab no list holds back to the OS; its place stays in the
+ * range, read-only and zero. Lock not held. */
 static void ss_unmap(struct superslab *ss) {
     os_uncommit(ss, SS_SIZE);
+    hak_lock(&ss_lock);
     ss_range_put((uintptr_t)ss);
     ss_st.live--;
     ss_st.unmapped++;
+    hak_unlock(&ss_lock);
+}
+
+/* After ss_partial changed. Lock held. */
+static void ss_partial_changed(void) {
+    atomic_store_explicit(&ss_have_partial, ss_partial != NULL, memory_order_relaxed);
 }
 
 /* Take an UNUSED slot of a partial SuperSlab. Lock held; ss_partial set. */
@@ -156,100 +192,225 @@ static struct ss_slab *ss_take_unused(uint32_t cls, uint32_t size) {
     struct superslab *ss = ss_partial;
     uint32_t i = (uint32_t)__builtin_ctz(ss->unused_mask);
     ss->unused_mask &= ~(1u << i);
-    if (ss->unused_mask == 0) ss_unlink(&ss_partial, ss);
-    ss->nactive++;
+    if (ss->unused_mask == 0) {
+        ss_unlink(&ss_partial, ss);
+        ss_partial_changed();
+    }
     ss_slab_reset(&ss->slab[i], cls, size);
     return &ss->slab[i];
 }
 
-struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
+/* s, out of every list, becomes its SuperSlab's ACTIVE slot. */
+static struct ss_slab *ss_activate(struct ss_slab *s) {
+    atomic_fetch_add_explicit(&ss_of(s)->nactive, 1, memory_order_relaxed);
+    s->state = SS_ACTIVE;
+    return s;
+}
+
+/* Stage 3: a cached SuperSlab (its pages fault back in as zeroes), else a
+ * new one; its first slot for cls. The mapping is made without the lock. */
+static struct ss_slab *ss_acquire_new(uint32_t cls, uint32_t size) {
     struct ss_slab *s = NULL;
+    struct superslab *ss;
+    uintptr_t a = 0;
     hak_lock(&ss_lock);
-    if ((s = ss_empty[cls]) != NULL) {
-        /* Stage 1: this class's own empty slab, blocks already carved. */
-        ss_slab_unlink(&ss_empty[cls], s);
-        ss_of(s)->nempty--;
-        ss_of(s)->nactive++;
-        ss_st.stage1++;
-    } else if (ss_partial) {
-        s = ss_take_unused(cls, size); /* stage 2 */
+    if (ss_partial) { /* another thread mapped one meanwhile */
+        s = ss_take_unused(cls, size);
         ss_st.stage2++;
-    } else {
-        for (uint32_t c = 0; c < TINY_NCLASSES && s == NULL; c++) {
-            if ((s = ss_empty[c]) == NULL) continue;
-            /* Stage 2, recycled: another class's empty slab, re-cut. */
-            ss_slab_unlink(&ss_empty[c], s);
-            ss_of(s)->nempty--;
-            ss_of(s)->nactive++;
-            ss_slab_reset(s, cls, size);
-            ss_st.stage2_reclass++;
-        }
-        if (s == NULL) {
-            /* Stage 3: a cached SuperSlab (its pages fault back in as
-             * zeroes), else a new one. */
-            struct superslab *ss = ss_cache;
-            if (ss) {
-                ss_unlink(&ss_cache, ss);
-                ss_st.cached--;
-                ss_st.stage3_cache++;
-            } else if ((ss = ss_map()) != NULL) {
-                ss_st.live++;
-                ss_st.stage3_os++;
-            }
-            if (ss) {
-                ss->unused_mask = SS_ALL_SLOTS;
-                ss_push(&ss_partial, ss);
-                s = ss_take_unused(cls, size);
-            }
-        }
+        hak_unlock(&ss_lock);
+        return s;
     }
-    if (s) s->state = SS_ACTIVE;
+    if ((ss = ss_cache) != NULL) {
+        ss_unlink(&ss_cache, ss);
+        ss_st.cached--;
+        ss_st.stage3_cache++;
+    } else {
+        a = ss_range_take();
+    }
+    hak_unlock(&ss_lock);
+    if (ss == NULL) {
+        if (a == 0) return NULL;
+        if (!os_commit((void *)a, SS_SIZE)) {
+            hak_lock(&ss_lock);
+            ss_range_put(a);
+            hak_unlock(&ss_lock);
+            return NULL;
+        }
+        ss = (struct superslab *)a;
+        for (uint32_t i = 0; i < SS_NSLOTS; i++)
+            atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
+    }
+    hak_lock(&ss_lock);
+    if (a) {
+        ss_st.live++;
+        ss_st.stage3_os++;
+    }
+    ss->unused_mask = SS_ALL_SLOTS;
+    ss_push(&ss_partial, ss);
+    ss_partial_changed();
+    s = ss_take_unused(cls, size);
     hak_unlock(&ss_lock);
     return s;
 }
 
-/* Every slot of ss is back: reset them and cache or unmap it. Lock held. */
+struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
+    /* Stage 1: this class's own empty slab, blocks already carved. */
+    struct ss_slab *s = lf_pop(&ss_empty[cls].s, SS_SLAB_LINK);
+    if (s) {
+        ss_count(SC_STAGE1, 1);
+        return ss_activate(s);
+    }
+    /* Stage 2: an UNUSED slot of a mapped SuperSlab. */
+    if (atomic_load_explicit(&ss_have_partial, memory_order_relaxed)) {
+        hak_lock(&ss_lock);
+        if (ss_partial) {
+            s = ss_take_unused(cls, size);
+            ss_st.stage2++;
+        }
+        hak_unlock(&ss_lock);
+        if (s) return ss_activate(s);
+    }
+    /* Stage 2, recycled: another class's empty slab, re-cut (counted active
+     * first, so that a retire of its SuperSlab sees it taken). */
+    for (uint32_t c = 0; c < TINY_NCLASSES; c++) {
+        if ((s = lf_pop(&ss_empty[c].s, SS_SLAB_LINK)) == NULL) continue;
+        ss_activate(s);
+        ss_slab_reset(s, cls, size);
+        ss_count(SC_RECLASS, 1);
+        return s;
+    }
+    s = ss_acquire_new(cls, size);
+    return s ? ss_activate(s) : NULL;
+}
+
+/* Every slot of ss is back and out of every list: reset them, then cache
+ * ss decommitted or give it back. Lock held; released on return. */
 static void ss_retire(struct superslab *ss) {
     for (uint32_t i = SS_FIRST_SLOT; i < SS_NSLOTS; i++) {
         struct ss_slab *s = &ss->slab[i];
-        if (s->state == SS_EMPTY) ss_slab_unlink(&ss_empty[s->cls], s);
-        atomic_fetch_sub_explicit(&ss_carved, (int64_t)s->carved * s->size, memory_order_relaxed);
+        ss_note_uncarved(s);
         ss_set_carved(s, 0);
         s->state = SS_UNUSED;
     }
-    if (ss->unused_mask) ss_unlink(&ss_partial, ss);
+    if (ss->unused_mask) {
+        ss_unlink(&ss_partial, ss);
+        ss_partial_changed();
+    }
     ss->unused_mask = SS_ALL_SLOTS;
-    ss->nempty = 0;
     ss_st.retired++;
+    bool cache = ss_st.cached < hak_cfg.ss_cache;
+    if (cache) ss_st.cached++; /* its place in the cache, held */
+    hak_unlock(&ss_lock);
     /* Cached: the header slot kept, the 31 data slots' pages given back, so
      * they are cut again from zeroes. Pages that cannot go (locked) would
      * keep the old cuts' bytes and free marks: such a SuperSlab is unmapped. */
-    if (ss_st.cached < hak_cfg.ss_cache &&
-        os_decommit((uint8_t *)ss + SS_SLOT_SIZE, SS_SIZE - SS_SLOT_SIZE)) {
-        ss_push(&ss_cache, ss);
-        ss_st.cached++;
-    } else {
+    bool dropped = cache && os_decommit((uint8_t *)ss + SS_SLOT_SIZE, SS_SIZE - SS_SLOT_SIZE);
+    if (!dropped) {
+        if (cache) {
+            hak_lock(&ss_lock);
+            ss_st.cached--;
+            hak_unlock(&ss_lock);
+        }
         ss_unmap(ss);
+        return;
     }
+    hak_lock(&ss_lock);
+    ss_push(&ss_cache, ss);
+    hak_unlock(&ss_lock);
 }
 
-static bool ss_age_locked(void);
+/* Lock held. */
+static void ss_queue_retry(struct superslab *ss) {
+    for (uint32_t i = 0; i < ss_nretry; i++)
+        if (ss_retry[i] == ss) return;
+    if (ss_nretry < SS_RETRY_MAX) ss_retry[ss_nretry++] = ss;
+}
+
+/* ss had no ACTIVE slot a moment ago: retire it if every slot it used is
+ * EMPTY and on the stacks now. The stacks of its slots' classes are taken
+ * whole, its slabs picked out, the rest put back: when all of its slabs are
+ * in hand, nothing else can reach it (its UNUSED slots are under ss_lock);
+ * when one is missing, someone popped it (and will count it active, and
+ * release it again) or holds it for a purge (which tries again after). */
+static void ss_try_retire(struct superslab *ss) {
+    hak_lock(&ss_lock);
+    uint32_t used = ~ss->unused_mask & SS_ALL_SLOTS;
+    if (used == 0 || atomic_load_explicit(&ss->nactive, memory_order_acquire) != 0) {
+        hak_unlock(&ss_lock);
+        return;
+    }
+    uint32_t classes = 0, found = 0;
+    for (uint32_t m = used; m; m &= m - 1) {
+        const struct ss_slab *s = &ss->slab[__builtin_ctz(m)];
+        /* A slot in use reads UNUSED only in a SuperSlab given back since
+         * it was queued for a retry (its header reads as zeroes). */
+        if (__atomic_load_n(&s->state, __ATOMIC_RELAXED) == SS_UNUSED) {
+            hak_unlock(&ss_lock);
+            return;
+        }
+        classes |= 1u << __atomic_load_n(&s->cls, __ATOMIC_RELAXED);
+    }
+    struct ss_slab *mine = NULL;
+    for (uint32_t m = classes; m; m &= m - 1) {
+        uint32_t c = (uint32_t)__builtin_ctz(m);
+        struct ss_slab *keep = NULL, *keep_last = NULL;
+        for (struct ss_slab *s = lf_take_all(&ss_empty[c].s), *next; s; s = next) {
+            next = s->next;
+            if (ss_of(s) == ss) {
+                ss_slab_link(s, mine);
+                mine = s;
+                found++;
+                continue;
+            }
+            ss_slab_link(s, NULL);
+            if (keep_last)
+                ss_slab_link(keep_last, s);
+            else
+                keep = s;
+            keep_last = s;
+        }
+        if (keep) lf_push_chain(&ss_empty[c].s, keep, keep_last, SS_SLAB_LINK);
+    }
+    if (found == (uint32_t)__builtin_popcount(used) &&
+        atomic_load_explicit(&ss->nactive, memory_order_acquire) == 0)
+        return ss_retire(ss);
+    for (struct ss_slab *s = mine, *next; s; s = next) {
+        next = s->next;
+        lf_push(&ss_empty[s->cls].s, s, SS_SLAB_LINK);
+    }
+    ss_queue_retry(ss);
+    hak_unlock(&ss_lock);
+}
+
+/* Try again the retires that found a slab missing. */
+static void ss_retry_retires(void) {
+    struct superslab *todo[SS_RETRY_MAX];
+    hak_lock(&ss_lock);
+    uint32_t n = ss_nretry;
+    memcpy(todo, ss_retry, n * sizeof todo[0]);
+    ss_nretry = 0;
+    hak_unlock(&ss_lock);
+    for (uint32_t i = 0; i < n; i++)
+        ss_try_retire(todo[i]);
+}
 
 void ss_release(struct ss_slab *s) {
     struct superslab *ss = ss_of(s);
-    hak_lock(&ss_lock);
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_relaxed);
     s->state = SS_EMPTY;
-    s->epoch = ss_epoch;
-    ss_slab_push(&ss_empty[s->cls], s);
-    ss->nactive--;
-    ss->nempty++;
-    ss_st.releases++;
-    ss_dirty = true;
-    if (ss->nactive == 0) ss_retire(ss);
-    ss_age_locked(); /* slots released are the ones a later pass finds empty */
-    hak_unlock(&ss_lock);
-    bell_ring();
+    s->epoch = atomic_load_explicit(&ss_epoch, memory_order_relaxed);
+    ss_count(SC_RELEASES, 1);
+    lf_push(&ss_empty[s->cls].s, s, SS_SLAB_LINK);
+    /* Pushed before it stops counting: until then ss cannot be retired. */
+    if (atomic_fetch_sub_explicit(&ss->nactive, 1, memory_order_acq_rel) == 1) ss_try_retire(ss);
+    /* A later pass has work. The background thread arms its bell, then
+     * looks (ss_age_next): one of the two sees the other's store. */
+    if (!atomic_load_explicit(&ss_dirty, memory_order_relaxed)) {
+        atomic_store_explicit(&ss_dirty, true, memory_order_relaxed);
+        atomic_thread_fence(memory_order_seq_cst);
+        bell_ring();
+    }
+    ss_purge(false); /* slots released are the ones a later pass finds empty */
 }
 
 /* Under an address-space limit, which counts reserved space too: places at
@@ -278,92 +439,146 @@ static bool ss_range_shrink(void) {
     return false;
 }
 
+/* SuperSlabs with no ACTIVE slot whose retire was missed (the retry queue
+ * was full) are retired: up to SS_RETRY_MAX a round, found on the stacks. */
+static void ss_sweep_idle(void) {
+    for (int round = 0; round < 64; round++) {
+        hak_lock(&ss_lock);
+        for (uint32_t c = 0; c < TINY_NCLASSES && ss_nretry < SS_RETRY_MAX; c++) {
+            struct ss_slab *first = lf_take_all(&ss_empty[c].s), *last = NULL;
+            for (struct ss_slab *s = first; s; last = s, s = s->next)
+                if (atomic_load_explicit(&ss_of(s)->nactive, memory_order_relaxed) == 0)
+                    ss_queue_retry(ss_of(s));
+            if (first) lf_push_chain(&ss_empty[c].s, first, last, SS_SLAB_LINK);
+        }
+        bool full = ss_nretry == SS_RETRY_MAX;
+        hak_unlock(&ss_lock);
+        ss_retry_retires();
+        if (!full) return;
+    }
+}
+
 bool ss_trim(void) {
-    bool any = false;
+    ss_sweep_idle();
+    hak_lock(&ss_lock);
+    struct superslab *cached = ss_cache;
+    bool any = cached != NULL;
+    ss_cache = NULL;
+    ss_st.cached = 0;
+    hak_unlock(&ss_lock);
+    for (struct superslab *ss = cached, *next; ss; ss = next) {
+        next = ss->next;
+        ss_unmap(ss);
+    }
     hak_lock(&ss_lock);
     ss_range_stuck = false; /* memory was given back: the range may grow again */
-    while (ss_cache) {
-        struct superslab *ss = ss_cache;
-        ss_unlink(&ss_cache, ss);
-        ss_unmap(ss);
-        ss_st.cached--;
-        any = true;
-    }
     any |= ss_range_shrink();
     hak_unlock(&ss_lock);
     return any;
 }
 
-/* Slots ss_purge decommits per pass: the calls run under the lock. */
+/* Slots a timed pass decommits at most. */
 #define SS_PURGE_BATCH 1024
 
-/* Lock held. */
-static bool ss_purge_locked(bool all) {
+/* One pass over every class's EMPTY slabs: each one empty since an earlier
+ * pass (every one, with `all`) and still holding carved blocks gives its
+ * pages back. A class's stack is taken whole; the slabs the pass keeps go
+ * back at once, the others once decommitted (meanwhile the class takes
+ * another slot). ss_purge_lock held. */
+static bool ss_purge_pass(bool all) {
     uint32_t n = 0, max = all ? UINT32_MAX : SS_PURGE_BATCH;
+    uint8_t epoch = atomic_load_explicit(&ss_epoch, memory_order_relaxed);
+    /* Cleared first: a slab released after its class was looked at sets it
+     * again. */
+    atomic_store_explicit(&ss_dirty, false, memory_order_relaxed);
     bool left = false; /* a slot empty since this pass only */
-    for (uint32_t cls = 0; cls < TINY_NCLASSES && n < max; cls++) {
-        for (struct ss_slab *s = ss_empty[cls]; s && n < max; s = s->next) {
-            /* Empty since an earlier pass, and still holding carved blocks
-             * (a slot purged before is carved 0: nothing of it is resident). */
-            if (s->carved == 0) continue;
-            if (s->epoch == ss_epoch && !all) {
-                left = true;
-                continue;
+    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
+        struct ss_slab *keep = NULL, *keep_last = NULL, *todo = NULL, *todo_last = NULL;
+        for (struct ss_slab *s = lf_take_all(&ss_empty[cls].s), *next; s; s = next) {
+            next = s->next;
+            ss_slab_link(s, NULL);
+            /* A slot purged before is carved 0: nothing of it is resident. */
+            bool due = s->carved != 0 && (all || s->epoch != epoch);
+            if (due && n < max) {
+                n++;
+                if (todo_last)
+                    ss_slab_link(todo_last, s);
+                else
+                    todo = s;
+                todo_last = s;
+            } else {
+                left |= s->carved != 0;
+                if (keep_last)
+                    ss_slab_link(keep_last, s);
+                else
+                    keep = s;
+                keep_last = s;
             }
-            if (!os_decommit(ss_slab_base(s), SS_SLOT_SIZE)) continue; /* locked pages */
-            atomic_fetch_sub_explicit(&ss_carved, (int64_t)s->carved * s->size,
-                                      memory_order_relaxed);
-            s->free = NULL; /* its links went with the pages */
-            ss_set_carved(s, 0);
-            n++;
         }
+        if (keep) lf_push_chain(&ss_empty[cls].s, keep, keep_last, SS_SLAB_LINK);
+        for (struct ss_slab *s = todo; s; s = s->next) {
+            /* (Locked pages stay as they are.) */
+            if (os_decommit(ss_slab_base(s), SS_SLOT_SIZE)) {
+                ss_note_uncarved(s);
+                s->free = NULL; /* its links went with the pages */
+                ss_set_carved(s, 0);
+                ss_count(SC_PURGED, 1);
+            }
+        }
+        if (todo) lf_push_chain(&ss_empty[cls].s, todo, todo_last, SS_SLAB_LINK);
     }
-    ss_epoch++;
-    ss_st.purged += n;
-    ss_dirty = left || n >= max; /* (slots whose pages are locked stay as they are) */
+    atomic_store_explicit(&ss_epoch, (uint8_t)(epoch + 1), memory_order_relaxed);
+    if (left || n >= max) atomic_store_explicit(&ss_dirty, true, memory_order_relaxed);
+    ss_retry_retires();
     return n > 0;
-}
-
-/* A pass when one is due (every cache age: one timer, whoever calls).
- * Lock held. */
-static bool ss_age_locked(void) {
-    uint64_t now = hak_now_ms();
-    if (now < atomic_load_explicit(&ss_purge_next, memory_order_relaxed)) return false;
-    atomic_store_explicit(&ss_purge_next, now + hak_cfg.bigcache_age_ms, memory_order_relaxed);
-    return ss_purge_locked(false);
 }
 
 bool ss_purge(bool all) {
     /* Nothing due: not even the lock. */
-    if (!all && hak_now_ms() < atomic_load_explicit(&ss_purge_next, memory_order_relaxed))
-        return false;
-    hak_lock(&ss_lock);
-    bool any = all ? ss_purge_locked(true) : ss_age_locked();
-    hak_unlock(&ss_lock);
+    uint64_t now = hak_now_ms();
+    if (!all && now < atomic_load_explicit(&ss_purge_next, memory_order_relaxed)) return false;
+    if (all) {
+        hak_lock(&ss_purge_lock);
+    } else if (hak_in_fork || pthread_mutex_trylock(&ss_purge_lock) != 0) {
+        return false; /* a pass is being made */
+    }
+    bool any = false;
+    /* Every cache age: one timer, whoever calls. */
+    if (all || now >= atomic_load_explicit(&ss_purge_next, memory_order_relaxed)) {
+        atomic_store_explicit(&ss_purge_next, now + hak_cfg.bigcache_age_ms, memory_order_relaxed);
+        any = ss_purge_pass(all);
+    }
+    hak_unlock(&ss_purge_lock);
     return any;
 }
 
 uint64_t ss_age_next(void) {
-    hak_lock(&ss_lock);
-    ss_age_locked();
-    uint64_t next =
-        ss_dirty ? atomic_load_explicit(&ss_purge_next, memory_order_relaxed) : UINT64_MAX;
-    hak_unlock(&ss_lock);
-    return next;
+    /* After the bell was armed: see ss_release. */
+    atomic_thread_fence(memory_order_seq_cst);
+    ss_purge(false);
+    return atomic_load_explicit(&ss_dirty, memory_order_relaxed)
+               ? atomic_load_explicit(&ss_purge_next, memory_order_relaxed)
+               : UINT64_MAX;
 }
 
 void ss_fork_prepare(void) {
+    pthread_mutex_lock(&ss_purge_lock);
     pthread_mutex_lock(&ss_lock);
 }
 void ss_fork_release(void) {
     pthread_mutex_unlock(&ss_lock);
+    pthread_mutex_unlock(&ss_purge_lock);
 }
 
 void ss_get_stats(struct ss_stats *st) {
     hak_lock(&ss_lock);
     *st = ss_st;
     hak_unlock(&ss_lock);
-    ss_flush_counts(); /* this thread's carves, published */
+    ss_flush_counts(); /* this thread's counts, published */
+    st->stage1 = atomic_load_explicit(&ss_counts[SC_STAGE1], memory_order_relaxed);
+    st->stage2_reclass = atomic_load_explicit(&ss_counts[SC_RECLASS], memory_order_relaxed);
+    st->releases = atomic_load_explicit(&ss_counts[SC_RELEASES], memory_order_relaxed);
+    st->purged = atomic_load_explicit(&ss_counts[SC_PURGED], memory_order_relaxed);
     int64_t carved = atomic_load_explicit(&ss_carved, memory_order_relaxed);
     st->carved_bytes = carved > 0 ? (uint64_t)carved : 0; /* (others' carves may be pending) */
 }

@@ -50,7 +50,7 @@ struct ss_slab {
     uint16_t carved;   /* blocks ever carved, from the slot start */
     uint16_t used;     /* blocks out: in caches or with the program */
     uint8_t cls;
-    uint8_t state; /* enum ss_state; changed under the SuperSlab lock */
+    uint8_t state; /* enum ss_state; changed by the thread that takes or gives it back */
     uint8_t where; /* which of its heap's lists it is on (tiny.c) */
     uint8_t epoch; /* EMPTY: the purge epoch it became empty in (ss_purge) */
 };
@@ -60,7 +60,7 @@ struct superslab {
     struct ss_slab slab[SS_NSLOTS]; /* slab[0] describes the header slot: never used */
     struct superslab *next, *prev;  /* partial list or cache */
     uint32_t unused_mask;           /* bit i: slot i UNUSED */
-    uint32_t nactive, nempty;
+    _Atomic uint32_t nactive;       /* ACTIVE slots (changed without the lock) */
 };
 _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0");
 
@@ -90,18 +90,25 @@ HAK_INLINE struct ss_slab *ss_slab_of(const void *p) {
     return &ss_of(p)->slab[((uintptr_t)p >> SS_SLOT_SHIFT) & (SS_NSLOTS - 1)];
 }
 
-/* Slab lists (doubly linked through next/prev), used by the SuperSlab's
- * per-class EMPTY lists and by the heaps' lists. */
+/* Set a slab's link. EMPTY and orphaned slabs wait on lock-free stacks
+ * linked through it, whose poppers may read the link of a slab another
+ * thread has just popped and is relinking (box/lfstack.h): an atomic store,
+ * a plain one on x86. */
+static inline void ss_slab_link(struct ss_slab *s, struct ss_slab *next) {
+    __atomic_store_n(&s->next, next, __ATOMIC_RELAXED);
+}
+
+/* Slab lists (doubly linked through next/prev), used by the heaps. */
 static inline void ss_slab_push(struct ss_slab **head, struct ss_slab *s) {
     s->prev = NULL;
-    s->next = *head;
+    ss_slab_link(s, *head);
     if (*head) (*head)->prev = s;
     *head = s;
 }
 
 static inline void ss_slab_unlink(struct ss_slab **head, struct ss_slab *s) {
     if (s->prev)
-        s->prev->next = s->next;
+        ss_slab_link(s->prev, s->next);
     else
         *head = s->next;
     if (s->next) s->next->prev = s->prev;
