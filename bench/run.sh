@@ -112,8 +112,8 @@ EOF
 # set, with RUNS=5): the patterns a many-core machine makes of a global lock
 # or a shared cache line (bench/bench_threads.c), at 2, 8 and 32 threads.
 # ops are per thread, so each row of a pattern does the same work in all:
-# ring (every block freed by the next thread: xmalloc-test) at 64 B, 1-8 KiB
-# and 8-52 KiB; producer/consumer pairs; threads exiting with half their
+# ring (every block freed by the next thread: xmalloc-test) at 64 B,
+# 16-1024 B, 1-8 KiB, 8-52 KiB and 64-512 KiB (L2.5); producer/consumer pairs; threads exiting with half their
 # blocks (churn; ops/256 rounds); Large blocks freed and taken again by
 # each thread (local, 16 slots a thread). On a 2-core machine 8 and 32
 # threads oversubscribe it: the rows then show what waiting on a lock held
@@ -124,12 +124,18 @@ threads_table() {
 ring_64_2t           bench_threads ring 2 400000
 ring_64_8t           bench_threads ring 8 100000
 ring_64_32t          bench_threads ring 32 25000
+ring_16-1024_2t      HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 bench_threads ring 2 400000
+ring_16-1024_8t      HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 bench_threads ring 8 100000
+ring_16-1024_32t     HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 bench_threads ring 32 25000
 ring_1-8k_2t         HAKMEM_BENCH_MIN_SIZE=1024 HAKMEM_BENCH_MAX_SIZE=8192 HAKMEM_BENCH_QUEUE=256 bench_threads ring 2 200000
 ring_1-8k_8t         HAKMEM_BENCH_MIN_SIZE=1024 HAKMEM_BENCH_MAX_SIZE=8192 HAKMEM_BENCH_QUEUE=256 bench_threads ring 8 50000
 ring_1-8k_32t        HAKMEM_BENCH_MIN_SIZE=1024 HAKMEM_BENCH_MAX_SIZE=8192 HAKMEM_BENCH_QUEUE=256 bench_threads ring 32 12500
 ring_8-52k_2t        HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=53248 HAKMEM_BENCH_QUEUE=256 bench_threads ring 2 100000
 ring_8-52k_8t        HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=53248 HAKMEM_BENCH_QUEUE=256 bench_threads ring 8 25000
 ring_8-52k_32t       HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=53248 HAKMEM_BENCH_QUEUE=256 bench_threads ring 32 6250
+ring_64-512k_2t      HAKMEM_BENCH_MIN_SIZE=65536 HAKMEM_BENCH_MAX_SIZE=524288 HAKMEM_BENCH_QUEUE=64 bench_threads ring 2 100000
+ring_64-512k_8t      HAKMEM_BENCH_MIN_SIZE=65536 HAKMEM_BENCH_MAX_SIZE=524288 HAKMEM_BENCH_QUEUE=64 bench_threads ring 8 25000
+ring_64-512k_32t     HAKMEM_BENCH_MIN_SIZE=65536 HAKMEM_BENCH_MAX_SIZE=524288 HAKMEM_BENCH_QUEUE=64 bench_threads ring 32 6250
 pairs_8-2048_2t      HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=2048 bench_threads pairs 2 400000
 pairs_8-2048_8t      HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=2048 bench_threads pairs 8 100000
 pairs_8-2048_32t     HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=2048 bench_threads pairs 32 25000
