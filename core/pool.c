@@ -259,11 +259,16 @@ void *pool_alloc_slow(uint32_t cls) {
         errno = ENOMEM;
         return NULL;
     }
-    /* Blocks other threads gave back come first: a drain that brings one of
-     * this class saves carving. */
-    pool_drain(h);
+    /* Free blocks of the chunks first; when there are none, the blocks
+     * other threads gave back (a drain that brings one of this class saves
+     * carving). Draining only then takes the remote stack, a line the
+     * freers write, once a batch rather than on every call. */
     uint32_t k = pool_k(cls);
     struct pool_chunk *c = h->avail[k];
+    if (c == NULL) {
+        pool_drain(h);
+        c = h->avail[k];
+    }
     if (c) {
         void *b = c->free[k];
         c->free[k] = *(void **)b;
