@@ -360,7 +360,8 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
     /* First block back since the owner last looked: tell it, in case the
      * slab sits on its full list. (An owner that changed since the read
      * above is told nothing; the block waits for the slab's next drain.) */
-    if (old == NULL && h != SS_NO_OWNER)
+    if (old == NULL && h != SS_NO_OWNER &&
+        !(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & (1u << cls)))
         atomic_fetch_or_explicit(&h->remote_pending, 1u << cls, memory_order_relaxed);
     tiny_stat(cls, ST_REMOTE, 1);
     tiny_flow.remote[cls]++;
