@@ -1,18 +1,20 @@
 /* Pool tier slow paths: heaps, arena chunks, per-chunk free lists, remote
  * frees. Everything here is owner-only except the remote stack and the
- * list of recycled heaps. */
+ * stack of recycled heaps. */
 #include "pool.h"
 
 #include "box/arena.h"
 #include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
+#include "box/lfstack.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/usage.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 
 #define POOL_CHUNK_MIN HAK_REGION_SIZE /* an arena unit: what a smaller chunk costs anyway */
 #define POOL_LIMIT_DIV 128
@@ -28,14 +30,21 @@ struct pool_heap {
     size_t spare_bytes;                      /* their bytes, at most pool_spare_max() */
     uint64_t spare_ms;                       /* when a spare was last taken or added */
     size_t next_size;                        /* bytes of the next chunk */
-    struct pool_heap *next_free;
+    _Atomic(void *) next_free;               /* on pool_heaps */
 };
+#define POOL_HEAP_LINK offsetof(struct pool_heap, next_free)
 
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* the heap lists */
-static struct pool_heap *pool_heaps_free;                     /* of exited threads */
-static size_t pool_parked_bytes;           /* spares of the heaps of exited threads */
-static struct pool_heap *pool_heaps_fresh; /* never used */
-static uint32_t pool_heaps_fresh_n;
+/* Heaps of exited threads (their chunks and spares with them) and never
+ * used ones: a lock-free stack (box/lfstack.h; heaps are never unmapped), so
+ * a thread's start and exit take no lock. The passes over the heaps of
+ * exited threads (ageing, trim) take the stack whole, tidy it without a
+ * lock and put it back (a thread starting meanwhile gets a fresh heap);
+ * pool_lock keeps them one at a time, and keeps fork out of them. */
+static struct lf_stack pool_heaps;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Spare bytes of the heaps of exited threads (approximate: changed as they
+ * come and go). */
+static _Atomic size_t pool_parked_bytes;
 
 static _Atomic uint64_t pool_st_mapped, pool_st_unmapped, pool_st_bytes;
 /* Remote frees taken back and drains: counted per thread, published in
@@ -64,26 +73,21 @@ static void pool_flush_counts(void) {
 /* ---- heaps ----------------------------------------------------------------------------- */
 
 static struct pool_heap *pool_heap_get(void) {
-    hak_lock(&pool_lock);
-    struct pool_heap *h = pool_heaps_free;
-    if (h) {
-        pool_heaps_free = h->next_free; /* an exited thread's: its chunks come along */
-        pool_parked_bytes -= h->spare_bytes;
-        /* With none left, it grows from the start again, as a new one. */
-        if (h->chunks == NULL) h->next_size = (size_t)hak_cfg.pool_arena_mb_init << 20;
-    } else {
-        if (pool_heaps_fresh_n == 0) {
-            size_t bytes = 64 * 1024;
-            pool_heaps_fresh = arena_meta(bytes);
-            pool_heaps_fresh_n = pool_heaps_fresh ? (uint32_t)(bytes / sizeof *h) : 0;
-        }
-        if (pool_heaps_fresh_n) {
-            h = pool_heaps_fresh++;
-            pool_heaps_fresh_n--;
-            h->next_size = (size_t)hak_cfg.pool_arena_mb_init << 20;
-        }
+    struct pool_heap *h = lf_pop(&pool_heaps, POOL_HEAP_LINK);
+    if (h == NULL) {
+        /* A new chunk of heaps: one for us, the rest for the next threads. */
+        size_t chunk = 64 * 1024, n = chunk / sizeof *h;
+        struct pool_heap *c = arena_meta(chunk); /* zeroed */
+        if (c == NULL) return NULL;
+        for (size_t i = 1; i + 1 < n; i++)
+            atomic_store_explicit(&c[i].next_free, &c[i + 1], memory_order_relaxed);
+        lf_push_chain(&pool_heaps, &c[1], &c[n - 1], POOL_HEAP_LINK);
+        h = c;
     }
-    hak_unlock(&pool_lock);
+    /* An exited thread's heap: its chunks come along. */
+    atomic_fetch_sub_explicit(&pool_parked_bytes, h->spare_bytes, memory_order_relaxed);
+    /* With none left, it grows from the start again, as a new one. */
+    if (h->chunks == NULL) h->next_size = (size_t)hak_cfg.pool_arena_mb_init << 20;
     return h;
 }
 
@@ -359,25 +363,28 @@ void pool_thread_exit(void) {
     /* ...as far as the exited threads' spares stay within twice a heap's
      * bound together: with many threads gone, what is left goes back. */
     struct pool_chunk *drop = NULL;
-    hak_lock(&pool_lock);
-    while (h->spares && pool_parked_bytes + h->spare_bytes > 2 * pool_spare_max()) {
+    while (h->spares &&
+           atomic_load_explicit(&pool_parked_bytes, memory_order_relaxed) + h->spare_bytes >
+               2 * pool_spare_max()) {
         struct pool_chunk *c = h->spares;
         h->spares = c->all_next;
         h->spare_bytes -= c->size;
         c->all_next = drop;
         drop = c;
     }
-    pool_parked_bytes += h->spare_bytes;
-    h->next_free = pool_heaps_free;
-    pool_heaps_free = h;
-    hak_unlock(&pool_lock);
+    atomic_fetch_add_explicit(&pool_parked_bytes, h->spare_bytes, memory_order_relaxed);
+    lf_push(&pool_heaps, h, POOL_HEAP_LINK);
     while (drop) {
         struct pool_chunk *c = drop;
         drop = c->all_next;
         pool_chunk_unmap(c);
     }
     pool_flush_counts(); /* last: a thread's counts left pending at its exit would be lost */
-    bell_ring();         /* its spares age now, with no thread to look at them */
+    /* Its spares age now, with no thread to look at them. The background
+     * thread arms its bell, then looks (pool_each_parked): one of the two
+     * sees the other's store. */
+    atomic_thread_fence(memory_order_seq_cst);
+    bell_ring();
 }
 
 bool pool_age(void) {
@@ -388,23 +395,43 @@ bool pool_age(void) {
     return true;
 }
 
-uint64_t pool_age_parked(void) {
-    uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
-    size_t parked = 0;
-    /* Heaps of exited threads: ours while we hold the lock (as pool_trim). */
+/* Visit every heap of an exited thread: the stack taken whole, each heap
+ * ours while it is off it, then put back; the parked bytes follow what the
+ * visits gave back. */
+static void pool_each_parked(void (*visit)(struct pool_heap *, void *), void *arg) {
+    atomic_thread_fence(memory_order_seq_cst); /* (see pool_thread_exit) */
     hak_lock(&pool_lock);
-    for (struct pool_heap *h = pool_heaps_free; h; h = h->next_free) {
-        pool_heap_tidy(h, false);    /* blocks freed to it since its thread exited */
-        uint64_t now = hak_now_ms(); /* (after the tidy, which may stamp spare_ms) */
-        if (h->spares && now >= h->spare_ms && now - h->spare_ms >= age)
-            pool_spares_unmap(h);
-        else if (h->spares && h->spare_ms + age < next)
-            next = h->spare_ms + age;
-        parked += h->spare_bytes;
+    struct pool_heap *first = lf_take_all(&pool_heaps), *last = NULL;
+    size_t before = 0, after = 0;
+    for (struct pool_heap *h = first; h;
+         last = h, h = atomic_load_explicit(&h->next_free, memory_order_relaxed)) {
+        before += h->spare_bytes;
+        visit(h, arg);
+        after += h->spare_bytes;
     }
-    pool_parked_bytes = parked;
+    if (first) lf_push_chain(&pool_heaps, first, last, POOL_HEAP_LINK);
+    atomic_fetch_sub_explicit(&pool_parked_bytes, before - after, memory_order_relaxed);
     hak_unlock(&pool_lock);
+}
+
+static void pool_age_one(struct pool_heap *h, void *arg) {
+    uint64_t *next = arg, age = hak_cfg.bigcache_age_ms;
+    pool_heap_tidy(h, false);    /* blocks freed to it since its thread exited */
+    uint64_t now = hak_now_ms(); /* (after the tidy, which may stamp spare_ms) */
+    if (h->spares && now >= h->spare_ms && now - h->spare_ms >= age)
+        pool_spares_unmap(h);
+    else if (h->spares && h->spare_ms + age < *next)
+        *next = h->spare_ms + age;
+}
+
+uint64_t pool_age_parked(void) {
+    uint64_t next = UINT64_MAX;
+    pool_each_parked(pool_age_one, &next);
     return next;
+}
+
+static void pool_trim_one(struct pool_heap *h, void *arg) {
+    *(bool *)arg |= pool_heap_tidy(h, true);
 }
 
 bool pool_trim(void) {
@@ -414,12 +441,7 @@ bool pool_trim(void) {
         pool_cache_return(mine);
         any |= pool_heap_tidy(mine, true);
     }
-    /* Heaps of exited threads: ours to tidy while we hold the lock. */
-    hak_lock(&pool_lock);
-    for (struct pool_heap *h = pool_heaps_free; h; h = h->next_free)
-        any |= pool_heap_tidy(h, true);
-    pool_parked_bytes = 0;
-    hak_unlock(&pool_lock);
+    pool_each_parked(pool_trim_one, &any);
     return any;
 }
 

@@ -445,6 +445,101 @@ static void test_carved_count_back_after_exit(void **state) {
     assert_true(mi.uordblks <= mi.arena);
 }
 
+/* Threads starting and exiting while others trim: the heaps of exited
+ * threads are taken whole by the trim and put back, without a lock; a heap
+ * is never given to two running threads, and blocks left by a wave of
+ * threads, freed by the next one into heaps nobody runs, keep their bytes. */
+#define CHURN_WAVES   8
+#define CHURN_THREADS 8
+#define CHURN_BLOCKS  16
+
+static pthread_mutex_t churn_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_barrier_t churn_all_alive; /* a wave's threads run at once */
+static struct pool_heap *churn_running[CHURN_THREADS];
+static _Atomic int churn_errors;
+static _Atomic bool churn_done;
+static void *churn_left[CHURN_WAVES + 1][CHURN_THREADS][CHURN_BLOCKS / 2];
+
+struct churn_arg {
+    int wave, slot;
+};
+
+static size_t churn_size(int wave, int slot, int i) {
+    return 8192 + (size_t)((wave * 131 + slot * 31 + i * 977) % 45000);
+}
+
+static void *churn_thread(void *arg) {
+    struct churn_arg *a = arg;
+    void *p[CHURN_BLOCKS];
+    uint8_t mark = (uint8_t)(a->wave * CHURN_THREADS + a->slot + 1);
+    for (int i = 0; i < CHURN_BLOCKS; i++) {
+        p[i] = malloc(churn_size(a->wave, a->slot, i));
+        memset(p[i], mark, churn_size(a->wave, a->slot, i));
+    }
+    pthread_mutex_lock(&churn_lock);
+    churn_running[a->slot] = hak_tc.pool;
+    pthread_mutex_unlock(&churn_lock);
+    pthread_barrier_wait(&churn_all_alive);
+    pthread_mutex_lock(&churn_lock);
+    for (int i = 0; i < CHURN_THREADS; i++)
+        if (i != a->slot && churn_running[i] == hak_tc.pool) atomic_fetch_add(&churn_errors, 1);
+    pthread_mutex_unlock(&churn_lock);
+    pthread_barrier_wait(&churn_all_alive);
+    /* The previous wave's blocks: still theirs, freed here (remote frees
+     * into heaps of exited threads). */
+    if (a->wave > 0) {
+        for (int i = 0; i < CHURN_BLOCKS / 2; i++) {
+            uint8_t *q = churn_left[a->wave - 1][a->slot][i];
+            uint8_t want = (uint8_t)((a->wave - 1) * CHURN_THREADS + a->slot + 1);
+            size_t n = churn_size(a->wave - 1, a->slot, CHURN_BLOCKS / 2 + i);
+            if (q[0] != want || q[n - 1] != want) atomic_fetch_add(&churn_errors, 1);
+            free(q);
+        }
+    }
+    for (int i = 0; i < CHURN_BLOCKS / 2; i++)
+        free(p[i]);
+    for (int i = 0; i < CHURN_BLOCKS / 2; i++)
+        churn_left[a->wave][a->slot][i] = p[CHURN_BLOCKS / 2 + i];
+    pthread_mutex_lock(&churn_lock);
+    churn_running[a->slot] = NULL;
+    pthread_mutex_unlock(&churn_lock);
+    return NULL;
+}
+
+static void *churn_trimmer(void *arg) {
+    (void)arg;
+    while (!atomic_load(&churn_done))
+        malloc_trim(0);
+    return NULL;
+}
+
+static void test_heaps_recycled_while_trimmed(void **state) {
+    (void)state;
+    malloc_trim(0);
+    struct pool_stats before = pstats();
+    pthread_t trimmer, t[CHURN_THREADS];
+    struct churn_arg args[CHURN_THREADS];
+    assert_int_equal(pthread_barrier_init(&churn_all_alive, NULL, CHURN_THREADS), 0);
+    assert_int_equal(pthread_create(&trimmer, NULL, churn_trimmer, NULL), 0);
+    for (int w = 0; w < CHURN_WAVES; w++) {
+        for (int i = 0; i < CHURN_THREADS; i++) {
+            args[i] = (struct churn_arg){w, i};
+            assert_int_equal(pthread_create(&t[i], NULL, churn_thread, &args[i]), 0);
+        }
+        for (int i = 0; i < CHURN_THREADS; i++)
+            pthread_join(t[i], NULL);
+    }
+    atomic_store(&churn_done, true);
+    pthread_join(trimmer, NULL);
+    pthread_barrier_destroy(&churn_all_alive);
+    for (int i = 0; i < CHURN_THREADS; i++)
+        for (int j = 0; j < CHURN_BLOCKS / 2; j++)
+            free(churn_left[CHURN_WAVES - 1][i][j]);
+    assert_int_equal(atomic_load(&churn_errors), 0);
+    malloc_trim(0);
+    assert_true(pstats().bytes_live <= before.bytes_live);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exited_threads_spares_bounded),
@@ -461,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_realloc_within_and_across),
         cmocka_unit_test(test_bad_pointers),
         cmocka_unit_test(test_cross_thread_double_free),
+        cmocka_unit_test(test_heaps_recycled_while_trimmed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
