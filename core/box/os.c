@@ -437,7 +437,9 @@ static void os_clear(void *p, size_t size) {
     }
 }
 
-void os_uncommit(void *p, size_t size) {
+/* os_uncommit and os_uncommit_readable: `readable`, the fresh mapping is
+ * made read-only in one step. */
+static void os_uncommit_as(void *p, size_t size, bool readable) {
     int saved = errno;
     /* A fresh mapping in place, as the reservation was made (inaccessible
      * first, unlocked, then read-only): the pages go, and so do the commit
@@ -449,13 +451,16 @@ void os_uncommit(void *p, size_t size) {
         /* MAP_FIXED over our own range: the result is p or MAP_FAILED, never
          * new memory to keep (cppcheck's posix model counts every mmap as one). */
         // cppcheck-suppress leakReturnValNotUsed
-        mmap(p, size, PROT_NONE, OS_ANON | MAP_FIXED | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
+        mmap(p, size, readable ? PROT_READ : PROT_NONE, OS_ANON | MAP_FIXED | MAP_NORESERVE, -1,
+             0) != MAP_FAILED) {
         if (atomic_load_explicit(&os_lock_future, memory_order_relaxed)) {
             os_count(OS_MLOCK);
             if (!os_fault(OS_SITE_UNCOMMIT_UNLOCK)) munlock(p, size);
         }
-        os_count(OS_MPROTECT);
-        if (!os_fault(OS_SITE_UNCOMMIT_PROT)) mprotect(p, size, PROT_READ);
+        if (!readable) {
+            os_count(OS_MPROTECT);
+            if (!os_fault(OS_SITE_UNCOMMIT_PROT)) mprotect(p, size, PROT_READ);
+        }
     } else {
         /* Refused (map count limit): drop the pages where they are. */
         if (atomic_load_explicit(&os_lock_future, memory_order_relaxed)) {
@@ -472,6 +477,14 @@ void os_uncommit(void *p, size_t size) {
         if (!os_fault(OS_SITE_UNCOMMIT_PROT)) mprotect(p, size, PROT_READ);
     }
     errno = saved;
+}
+
+void os_uncommit(void *p, size_t size) {
+    os_uncommit_as(p, size, false);
+}
+
+void os_uncommit_readable(void *p, size_t size) {
+    os_uncommit_as(p, size, true);
 }
 
 bool os_resize(void *p, size_t old_size, size_t new_size) {

@@ -73,6 +73,11 @@ bool os_commit(void *p, size_t size);
  * OS refuses to drop the pages, they are cleared, so the range must be
  * writable: none of it inaccessible). */
 void os_uncommit(void *p, size_t size);
+/* The same, but [p, p+size) stays readable throughout (its old bytes, then
+ * zeros), for memory other threads may read meanwhile without a lock (the
+ * SuperSlab headers); under mlockall(MCL_FUTURE) the kernel maps its zero
+ * pages at once, so for small ranges only. */
+void os_uncommit_readable(void *p, size_t size);
 
 /* Make [p, p+size) (page multiples) inaccessible: a guard, where any access
  * faults. false when refused (the pages are then as they were). */

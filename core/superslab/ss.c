@@ -31,6 +31,9 @@ static uintptr_t ss_range_used; /* bytes from the base ever mapped */
  * place can be mapped again. Lowest first, so the range stays compact. */
 static uint64_t ss_range_free[SS_RANGE_MAX / SS_SIZE / 64];
 static uint64_t ss_range_nfree;
+/* Bit i: the i-th SuperSlab is being given back (ss_unmap, outside the
+ * lock): no retire reads its header meanwhile. */
+static uint64_t ss_range_dying[SS_RANGE_MAX / SS_SIZE / 64];
 
 /* What no thread's allocation waits for is under ss_lock: a SuperSlab's
  * UNUSED slots (ss_partial), the cache, the range, and retiring a SuperSlab
@@ -63,6 +66,14 @@ static _Atomic uint8_t ss_epoch; /* ss_purge passes, mod 256 */
 static _Atomic uint64_t ss_purge_next;
 /* An EMPTY slot may still hold pages: a later pass has work (ss_age_next). */
 static _Atomic bool ss_dirty;
+
+/* Set ss_dirty. The background thread arms its bell, then looks
+ * (ss_age_next): one of the two sees the other's store. */
+static void ss_set_dirty(void) {
+    atomic_store_explicit(&ss_dirty, true, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    bell_ring();
+}
 /* Bytes carved in slabs not reset since. Counted per thread and published
  * in batches (box/usage.h): a carve runs on every core, and a counter line
  * written by all of them on each would be a shared write per carve. */
@@ -74,12 +85,21 @@ enum { SC_STAGE1, SC_RECLASS, SC_RELEASES, SC_PURGED, SC_N };
 static _Atomic uint64_t ss_counts[SC_N];
 static __thread uint64_t ss_counts_pending[SC_N];
 
+#define SS_COUNT_BATCH 64
+
 static inline void ss_count(int c, uint64_t n) {
-    ss_counts_pending[c] += n;
+    if ((ss_counts_pending[c] += n) < SS_COUNT_BATCH) return;
+    atomic_fetch_add_explicit(&ss_counts[c], ss_counts_pending[c], memory_order_relaxed);
+    ss_counts_pending[c] = 0;
 }
 
 void ss_note_carved(size_t bytes) {
     usage_batch_add(&ss_carved, &ss_carved_pending, (int64_t)bytes, USAGE_BATCH_SLACK);
+}
+
+/* A slab's state, read without the lock by a retire (and by remote frees). */
+static inline void ss_set_state(struct ss_slab *s, enum ss_state st) {
+    __atomic_store_n(&s->state, (uint8_t)st, __ATOMIC_RELAXED);
 }
 
 /* Carved bytes gone (a slab reset, purged or retired). */
@@ -171,11 +191,27 @@ static void ss_range_put(uintptr_t a) {
     ss_range_nfree++;
 }
 
+/* The place of ss is taken (its SuperSlab in use, cached, or being given
+ * back): its header is mapped, whatever the range did since. Lock held. */
+static bool ss_place_taken(const struct superslab *ss) {
+    size_t off = (uintptr_t)ss - atomic_load_explicit(&ss_bounds.base, memory_order_relaxed);
+    if (off >= ss_range_used) return false;
+    size_t i = off / SS_SIZE;
+    return !((ss_range_free[i / 64] | ss_range_dying[i / 64]) >> (i % 64) & 1);
+}
+
 /* Give a SuperSlab no list holds back to the OS; its place stays in the
  * range, read-only and zero. Lock not held. */
 static void ss_unmap(struct superslab *ss) {
-    os_uncommit(ss, SS_SIZE);
+    size_t i =
+        ((uintptr_t)ss - atomic_load_explicit(&ss_bounds.base, memory_order_relaxed)) / SS_SIZE;
     hak_lock(&ss_lock);
+    ss_range_dying[i / 64] |= 1ull << (i % 64);
+    hak_unlock(&ss_lock);
+    /* Readable throughout all the same (a stale pop may read a link). */
+    os_uncommit_readable(ss, SS_SIZE);
+    hak_lock(&ss_lock);
+    ss_range_dying[i / 64] &= ~(1ull << (i % 64));
     ss_range_put((uintptr_t)ss);
     ss_st.live--;
     ss_st.unmapped++;
@@ -203,7 +239,7 @@ static struct ss_slab *ss_take_unused(uint32_t cls, uint32_t size) {
 /* s, out of every list, becomes its SuperSlab's ACTIVE slot. */
 static struct ss_slab *ss_activate(struct ss_slab *s) {
     atomic_fetch_add_explicit(&ss_of(s)->nactive, 1, memory_order_relaxed);
-    s->state = SS_ACTIVE;
+    ss_set_state(s, SS_ACTIVE);
     return s;
 }
 
@@ -290,7 +326,7 @@ static void ss_retire(struct superslab *ss) {
         struct ss_slab *s = &ss->slab[i];
         ss_note_uncarved(s);
         ss_set_carved(s, 0);
-        s->state = SS_UNUSED;
+        ss_set_state(s, SS_UNUSED);
     }
     if (ss->unused_mask) {
         ss_unlink(&ss_partial, ss);
@@ -334,6 +370,12 @@ static void ss_queue_retry(struct superslab *ss) {
  * release it again) or holds it for a purge (which tries again after). */
 static void ss_try_retire(struct superslab *ss) {
     hak_lock(&ss_lock);
+    /* A retry, or a release that raced another retire of ss, may come after
+     * its place was given back, even unmapped (ss_range_shrink). */
+    if (!ss_place_taken(ss)) {
+        hak_unlock(&ss_lock);
+        return;
+    }
     uint32_t used = ~ss->unused_mask & SS_ALL_SLOTS;
     if (used == 0 || atomic_load_explicit(&ss->nactive, memory_order_acquire) != 0) {
         hak_unlock(&ss_lock);
@@ -397,19 +439,16 @@ static void ss_retry_retires(void) {
 void ss_release(struct ss_slab *s) {
     struct superslab *ss = ss_of(s);
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_relaxed);
-    s->state = SS_EMPTY;
+    ss_set_state(s, SS_EMPTY);
     s->epoch = atomic_load_explicit(&ss_epoch, memory_order_relaxed);
     ss_count(SC_RELEASES, 1);
     lf_push(&ss_empty[s->cls].s, s, SS_SLAB_LINK);
     /* Pushed before it stops counting: until then ss cannot be retired. */
     if (atomic_fetch_sub_explicit(&ss->nactive, 1, memory_order_acq_rel) == 1) ss_try_retire(ss);
-    /* A later pass has work. The background thread arms its bell, then
-     * looks (ss_age_next): one of the two sees the other's store. */
-    if (!atomic_load_explicit(&ss_dirty, memory_order_relaxed)) {
-        atomic_store_explicit(&ss_dirty, true, memory_order_relaxed);
-        atomic_thread_fence(memory_order_seq_cst);
-        bell_ring();
-    }
+    /* A later pass has work. After the push (the fence): a pass that
+     * cleared the flag before its look finds the slab or is seen here. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!atomic_load_explicit(&ss_dirty, memory_order_relaxed)) ss_set_dirty();
     ss_purge(false); /* slots released are the ones a later pass finds empty */
 }
 
@@ -464,7 +503,10 @@ bool ss_trim(void) {
     struct superslab *cached = ss_cache;
     bool any = cached != NULL;
     ss_cache = NULL;
-    ss_st.cached = 0;
+    /* (A retire between its decommit and its push holds a place in the
+     * count: only the ones taken here come off.) */
+    for (struct superslab *ss = cached; ss; ss = ss->next)
+        ss_st.cached--;
     hak_unlock(&ss_lock);
     for (struct superslab *ss = cached, *next; ss; ss = next) {
         next = ss->next;
@@ -489,8 +531,9 @@ static bool ss_purge_pass(bool all) {
     uint32_t n = 0, max = all ? UINT32_MAX : SS_PURGE_BATCH;
     uint8_t epoch = atomic_load_explicit(&ss_epoch, memory_order_relaxed);
     /* Cleared first: a slab released after its class was looked at sets it
-     * again. */
+     * again (the fence: before any look, see ss_release). */
     atomic_store_explicit(&ss_dirty, false, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
     bool left = false; /* a slot empty since this pass only */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         struct ss_slab *keep = NULL, *keep_last = NULL, *todo = NULL, *todo_last = NULL;
@@ -528,7 +571,7 @@ static bool ss_purge_pass(bool all) {
         if (todo) lf_push_chain(&ss_empty[cls].s, todo, todo_last, SS_SLAB_LINK);
     }
     atomic_store_explicit(&ss_epoch, (uint8_t)(epoch + 1), memory_order_relaxed);
-    if (left || n >= max) atomic_store_explicit(&ss_dirty, true, memory_order_relaxed);
+    if (left || n >= max) ss_set_dirty();
     ss_retry_retires();
     return n > 0;
 }
