@@ -252,19 +252,24 @@ static struct ss_slab *tiny_adopt(struct tiny_heap *h, uint32_t cls) {
     return first;
 }
 
-/* Move every full slab of cls that got remote frees to the avail list. The
- * owner's bit is set only when a slab's remote list turns non-empty, so all
- * of them must be collected when it is seen, not just the first. */
+/* Take back the remote frees of every full slab of cls that got some: a
+ * slab whose blocks are all back leaves the heap (tiny_maybe_release), so
+ * that another thread can have it (a producer whose blocks other threads
+ * free would otherwise keep, slab by slab, the most it ever had out); the
+ * others go to the avail list. The owner's bit is set only when a slab's
+ * remote list turns non-empty, so all of them must be collected when it is
+ * seen, not just the first. */
 static void tiny_collect_remote(struct tiny_heap *h, uint32_t cls) {
     uint32_t bit = 1u << cls;
     if (!(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & bit)) return;
     atomic_fetch_and_explicit(&h->remote_pending, ~bit, memory_order_relaxed);
     for (struct ss_slab *s = h->full[cls], *next; s; s = next) {
         next = s->next;
-        if (atomic_load_explicit(&s->remote, memory_order_relaxed)) {
-            tiny_list_unlink(h, s);
-            tiny_list_push(h, s, WHERE_AVAIL);
-        }
+        if (atomic_load_explicit(&s->remote, memory_order_relaxed) == NULL) continue;
+        tiny_drain(s);
+        tiny_list_unlink(h, s);
+        tiny_list_push(h, s, WHERE_AVAIL);
+        tiny_maybe_release(h, s);
     }
 }
 

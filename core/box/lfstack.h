@@ -1,14 +1,18 @@
 /* A lock-free stack (Treiber's) of records that are never unmapped, only
- * recycled (thread heaps): one compare-and-swap to push or pop, so a thread
- * starting or exiting takes no lock that every other one may need.
+ * recycled (thread heaps, SuperSlab slab descriptors, whose places stay
+ * readable): one compare-and-swap to push or pop, so a thread starting or
+ * exiting, or a slab taken or given back, takes no lock that every other
+ * one may need.
  *
- * The top word holds the record's address in its low 48 bits (user-space
- * addresses on x86-64 and AArch64) and a count of pops in the high 16, so
- * that a pop racing a pop and a push of the same record (ABA) fails its
- * compare-and-swap instead of installing a stale link. A popper may read the
- * link of a record another thread popped a moment ago: the record is still
- * mapped (never unmapped) and the link atomic, and the compare-and-swap then
- * fails. Each record has an atomic link at `link_off`. */
+ * Records are 64-byte aligned, so the top word holds a record's address
+ * shifted down by 6 in its low 42 bits (user-space addresses below 2^48 on
+ * x86-64 and AArch64) and a count of pops in the high 22, so that a pop
+ * racing a pop and a push of the same record (ABA) fails its
+ * compare-and-swap instead of installing a stale link, unless 4 million
+ * pops and takes came between its two reads. A popper may read the link of
+ * a record another thread popped a moment ago: the record is still mapped
+ * and readable, and the compare-and-swap then fails. Each record has an
+ * atomic link at `link_off`. */
 #ifndef HAK_LFSTACK_H
 #define HAK_LFSTACK_H
 
@@ -20,24 +24,29 @@ struct lf_stack {
     _Atomic uint64_t top;
 };
 
-#define LF_ADDR_MASK (((uint64_t)1 << 48) - 1)
-#define LF_TAG_ONE   ((uint64_t)1 << 48)
+#define LF_ALIGN_SHIFT 6
+#define LF_ADDR_BITS   42
+#define LF_ADDR_MASK   (((uint64_t)1 << LF_ADDR_BITS) - 1)
+#define LF_TAG_ONE     ((uint64_t)1 << LF_ADDR_BITS)
 
 static inline _Atomic(void *) *lf_link(void *rec, size_t link_off) {
     return (_Atomic(void *) *)((char *)rec + link_off);
 }
 
 static inline void *lf_addr(uint64_t top) {
-    return (void *)(uintptr_t)(top & LF_ADDR_MASK);
+    return (void *)(uintptr_t)((top & LF_ADDR_MASK) << LF_ALIGN_SHIFT);
 }
 
-/* Push the chain first..last (linked at link_off; one record: first ==
- * last). */
+/* The address bits of rec (64-byte aligned, below 2^48). */
+static inline uint64_t lf_bits(const void *rec) {
+    return (uint64_t)(uintptr_t)rec >> LF_ALIGN_SHIFT;
+}
+
 static inline void lf_push_chain(struct lf_stack *s, void *first, void *last, size_t link_off) {
     uint64_t old = atomic_load_explicit(&s->top, memory_order_relaxed), new;
     do {
         atomic_store_explicit(lf_link(last, link_off), lf_addr(old), memory_order_relaxed);
-        new = (old & ~LF_ADDR_MASK) | (uint64_t)(uintptr_t)first;
+        new = (old & ~LF_ADDR_MASK) | lf_bits(first);
     } while (!atomic_compare_exchange_weak_explicit(&s->top, &old, new, memory_order_release,
                                                     memory_order_relaxed));
 }
@@ -53,7 +62,7 @@ static inline void *lf_pop(struct lf_stack *s, size_t link_off) {
     do {
         if ((rec = lf_addr(old)) == NULL) return NULL;
         void *next = atomic_load_explicit(lf_link(rec, link_off), memory_order_relaxed);
-        new = ((old & ~LF_ADDR_MASK) + LF_TAG_ONE) | (uint64_t)(uintptr_t)next;
+        new = ((old & ~LF_ADDR_MASK) + LF_TAG_ONE) | lf_bits(next);
     } while (!atomic_compare_exchange_weak_explicit(&s->top, &old, new, memory_order_acquire,
                                                     memory_order_acquire));
     return rec;
