@@ -16,6 +16,7 @@
 #ifndef HAK_LFSTACK_H
 #define HAK_LFSTACK_H
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -39,6 +40,8 @@ static inline void *lf_addr(uint64_t top) {
 
 /* The address bits of rec (64-byte aligned, below 2^48). */
 static inline uint64_t lf_bits(const void *rec) {
+    assert(((uintptr_t)rec & ((1u << LF_ALIGN_SHIFT) - 1)) == 0 &&
+           (uint64_t)(uintptr_t)rec >> LF_ALIGN_SHIFT <= LF_ADDR_MASK);
     return (uint64_t)(uintptr_t)rec >> LF_ALIGN_SHIFT;
 }
 
