@@ -130,16 +130,23 @@ static void l25_bundle_format(struct l25_bundle *b, uint32_t cls, uint32_t shard
     b->magic = UINT64_MAX / stride + 1;
     b->nblocks = (uint32_t)(span / stride);
     b->shard = shard;
+    if (stride != size) { /* coloured: the state bytes in the gaps */
+        b->mark = base + size + L25_MARK_OFF;
+        b->mark_stride = stride;
+    } else {
+        b->mark = b->mark1;
+        b->mark_stride = 1;
+    }
     if (b->nblocks <= 64) {
-        b->live = &b->live1;
         b->avail = &b->avail1;
         b->dirty = &b->dirty1;
     } else {
-        /* Bitmaps in the first blocks, which are then never handed out
-         * (zeroed: the pages may hold another class's blocks). */
-        size_t bytes = 2 * l25_words(b->nblocks) * sizeof(uint64_t);
-        b->live = (_Atomic uint64_t *)base;
-        b->avail = (uint64_t *)base + l25_words(b->nblocks);
+        /* The bitmap and the state bytes in the first blocks, which are
+         * then never handed out (zeroed: the pages may hold another class's
+         * blocks). */
+        size_t words = l25_words(b->nblocks) * sizeof(uint64_t), bytes = words + b->nblocks;
+        b->avail = (uint64_t *)base;
+        b->mark = base + words;
         b->first = (uint32_t)((bytes + size - 1) / size);
         memset(base, 0, bytes);
     }
@@ -390,6 +397,9 @@ static struct l25_bundle *l25_steal(uint32_t cls, uint32_t sh) {
                 l25_empty_unlink(s, b);
                 hak_unlock(&s->lock);
                 l25_bundle_format(b, cls, sh, b->base, b->span, b->idx);
+                /* Its old blocks' bytes lie where the new ones' state is. */
+                for (uint32_t i = b->first; i < b->nblocks; i++)
+                    *l25_mark(b, i) = L25_FREE;
                 /* Its pages are still resident: every free block may hold
                  * some, for the ageing and malloc_trim to give back. */
                 if (b->dirty) b->dirty1 = b->avail1;

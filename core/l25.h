@@ -52,7 +52,8 @@ struct l25_bundle {
     uint32_t stride;         /* distance between blocks: size, or size + 64 */
     uint64_t magic;          /* floor(2^64 / stride) + 1: see l25_div */
     uint32_t first, nblocks; /* blocks first .. nblocks-1 are usable */
-    _Atomic uint64_t *live;  /* a bit per block: the program holds it */
+    uint8_t *mark;           /* block i's state byte at mark + i * mark_stride */
+    uint32_t mark_stride;    /* stride (in the colouring gap) or 1 (an array) */
     uint64_t *avail;         /* a bit per block: back in the bundle (shard lock) */
     uint64_t *dirty;         /* avail blocks that may hold pages; NULL: not tracked */
     /* Under the shard lock: */
@@ -63,10 +64,18 @@ struct l25_bundle {
     uint64_t empty_ms;              /* when it last became empty */
     struct l25_bundle *next, *prev; /* partial or empty list; free descriptors */
     /* The bitmaps of a bundle of at most 64 blocks. */
-    _Atomic uint64_t live1;
     uint64_t avail1, dirty1;
     uint64_t stale1; /* free at the last ageing pass (tracked bundles only) */
+    /* The state bytes of an uncoloured bundle of at most 64 blocks. */
+    uint8_t mark1[64];
 };
+
+/* A block's state byte: L25_LIVE while the program holds it, L25_FREE (0:
+ * what decommitted pages read) otherwise. */
+enum { L25_FREE = 0, L25_LIVE = 0xa5 };
+/* Where a coloured block's state byte lies past its end: the middle of the
+ * 64-byte gap, out of reach of a one-byte overflow or underflow. */
+#define L25_MARK_OFF 32
 
 /* The descriptor table, in chunks taken from the arena as bundles need
  * them: a static table would be megabytes of zeros in the library's BSS,
@@ -105,10 +114,13 @@ void l25_free_slow(void *p, uint32_t cls);
  * (errno ENOMEM) when out of memory. */
 void *l25_alloc_uncached(uint32_t cls);
 /* Mark p, a block out of a thread cache, held by the program. */
+HAK_INLINE uint8_t *l25_mark(const struct l25_bundle *b, size_t i) {
+    return b->mark + i * b->mark_stride;
+}
+
 HAK_INLINE void l25_set_live(void *p) {
     struct l25_bundle *b = l25_bundle_of(rmap_get(p));
-    size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
-    atomic_fetch_or_explicit(&b->live[i >> 6], (uint64_t)1 << (i & 63), memory_order_relaxed);
+    *l25_mark(b, l25_div(b, (size_t)((uint8_t *)p - b->base))) = L25_LIVE;
 }
 
 /* A block of class cls (>= SMALL_FIRST) aligned to the largest power of two
@@ -129,10 +141,11 @@ HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
     int64_t i = l25_index(b, p);
     if (hak_unlikely(i < 0))
         return diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_L25, small_class_size[b->cls]);
-    uint64_t bit = (uint64_t)1 << (i & 63);
-    uint64_t was = atomic_fetch_and_explicit(&b->live[i >> 6], ~bit, memory_order_relaxed);
-    if (hak_unlikely(!(was & bit)))
-        return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_L25, small_class_size[b->cls]);
+    uint8_t *m = l25_mark(b, (size_t)i);
+    if (hak_unlikely(*m != L25_LIVE))
+        return diag_reject(fn, *m == L25_FREE ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, p,
+                           DIAG_L25, small_class_size[b->cls]);
+    *m = L25_FREE;
     uint32_t cls = b->cls;
     /* Other tiers' classes never enter the cache: those tiers cache their own. */
     if (hak_unlikely(cls < SMALL_FIRST || !tc_push(cls, p))) l25_free_slow(p, cls);
@@ -142,7 +155,7 @@ HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
 static inline bool l25_is_live(const void *p, uint32_t e) {
     struct l25_bundle *b = l25_bundle_of(e);
     int64_t i = l25_index(b, p);
-    return i >= 0 && atomic_load_explicit(&b->live[i >> 6], memory_order_relaxed) >> (i & 63) & 1;
+    return i >= 0 && *l25_mark(b, (size_t)i) == L25_LIVE;
 }
 
 /* The class of p (RMAP_L25 entry e); aborts naming p unless p is live. */
