@@ -44,7 +44,13 @@
 #define L25_DESC_SHIFT  12     /* descriptors come in chunks of 4096 */
 #define L25_DESC_CHUNK  (1u << L25_DESC_SHIFT)
 
+struct l25_heap;
+/* The owner of the bundles of the shards (never a heap's address). */
+#define L25_SHARED ((struct l25_heap *)1)
+
 struct l25_bundle {
+    /* Read by any thread freeing a block; set while the bundle is empty. */
+    struct l25_heap *owner;  /* the heap that owns it, or L25_SHARED */
     uint8_t *base;           /* NULL: descriptor unused */
     size_t span;             /* bytes mapped */
     uint32_t idx;            /* in the descriptor table: the region map's payload */
@@ -56,8 +62,9 @@ struct l25_bundle {
     uint32_t mark_stride;    /* stride (in the colouring gap) or 1 (an array) */
     uint64_t *avail;         /* a bit per block: back in the bundle (shard lock) */
     uint64_t *dirty;         /* avail blocks that may hold pages; NULL: not tracked */
-    /* Under the shard lock: */
-    uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
+    /* The owner's alone (a heap's thread, or whoever holds the shard lock),
+     * on lines of their own: */
+    _Alignas(64) uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
     uint32_t shard;
     bool listed;                    /* on the shard's partial list */
     bool committed;                 /* on the empty list: its pages not given back yet */
@@ -66,8 +73,9 @@ struct l25_bundle {
     /* The bitmaps of a bundle of at most 64 blocks. */
     uint64_t avail1, dirty1;
     uint64_t stale1; /* free at the last ageing pass (tracked bundles only) */
-    /* The state bytes of an uncoloured bundle of at most 64 blocks. */
-    uint8_t mark1[64];
+    /* The state bytes of an uncoloured bundle of at most 64 blocks (shared
+     * bundles: written by malloc and free, under no lock). */
+    _Alignas(64) uint8_t mark1[64];
 };
 
 /* A block's state byte: L25_LIVE while the program holds it, L25_FREE (0:
@@ -107,9 +115,12 @@ HAK_INLINE int64_t l25_index(const struct l25_bundle *b, const void *p) {
 /* Refill the (open) thread cache of cls and hand out a block; NULL (errno
  * ENOMEM) when out of memory. */
 void *l25_alloc_slow(uint32_t cls);
-/* p, a valid block no longer live, could not go into the thread cache
- * (other tier's class, uncached thread, or cache full: room overdrawn). */
+/* p, a valid block of this thread's heap no longer live, could not go into
+ * the thread cache (full: room overdrawn). */
 void l25_free_slow(void *p, uint32_t cls);
+/* p (a valid block of b, no longer live) is not this thread's: onto its
+ * owner heap's remote stack, or back into its shard (a shared bundle). */
+void l25_free_other(void *p, struct l25_bundle *b);
 /* One block of any class straight from its bundles, bypassing caches; NULL
  * (errno ENOMEM) when out of memory. */
 void *l25_alloc_uncached(uint32_t cls);
@@ -146,9 +157,10 @@ HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
         return diag_reject(fn, *m == L25_FREE ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, p,
                            DIAG_L25, small_class_size[b->cls]);
     *m = L25_FREE;
-    uint32_t cls = b->cls;
-    /* Other tiers' classes never enter the cache: those tiers cache their own. */
-    if (hak_unlikely(cls < SMALL_FIRST || !tc_push(cls, p))) l25_free_slow(p, cls);
+    /* Only this thread's own blocks enter its cache (of L2.5 classes alone:
+     * shared bundles, which have the other tiers' classes, are no heap's). */
+    if (hak_unlikely(b->owner != hak_tc.l25)) return l25_free_other(p, b);
+    if (hak_unlikely(!tc_push(b->cls, p))) l25_free_slow(p, b->cls);
 }
 
 /* True when p (RMAP_L25 entry e) is a live block. */
@@ -168,6 +180,14 @@ static inline uint32_t l25_class_of(const void *p, uint32_t e, const char *fn) {
 
 /* Return every block this thread caches to its bundle. */
 void l25_thread_flush(void);
+/* This thread's look at its own (front_purge, every HAKMEM_BIGCACHE_AGE_MS
+ * or so): its cache flushed, its remote frees taken back, its empty bundles
+ * unused for the age decommitted, and when a pass is due the free blocks of
+ * its partly used bundles. */
+void l25_thread_age(void);
+/* Thread exit: the cache back to the bundles, the heap (bundles and all) to
+ * the next thread. */
+void l25_thread_exit(void);
 /* malloc_trim: unmap empty bundles, decommit the free blocks of the others;
  * true when memory went back to the OS. */
 bool l25_trim(void);

@@ -389,24 +389,31 @@ static void test_empty_bundle_serves_other_class(void **state) {
     assert_int_equal(stats().bundles_mapped, mapped);
 }
 
+static pthread_barrier_t both_live;
+
 static void *grab(void *arg) {
     void **out = arg;
     *out = malloc(90000);
+    pthread_barrier_wait(&both_live); /* neither exits (handing its heap on) before both took */
     return NULL;
 }
 
-static void test_threads_use_different_shards(void **state) {
+static void test_threads_own_their_bundles(void **state) {
     (void)state;
     void *a, *b;
     pthread_t t1, t2;
-    /* Two threads started in turn draw from different shards, hence from
-     * different bundles. */
+    /* Two live threads draw from heaps of their own, hence from different
+     * bundles. */
+    pthread_barrier_init(&both_live, NULL, 2);
     pthread_create(&t1, NULL, grab, &a);
     pthread_create(&t2, NULL, grab, &b);
     pthread_join(t1, NULL);
     pthread_join(t2, NULL);
-    assert_int_not_equal(bundle_of(a)->shard, bundle_of(b)->shard);
-    assert_ptr_not_equal(bundle_of(a), bundle_of(b));
+    pthread_barrier_destroy(&both_live);
+    struct l25_bundle *ba = bundle_of(a), *bb = bundle_of(b);
+    assert_ptr_not_equal(ba->owner, bb->owner);
+    assert_ptr_not_equal(ba->owner, L25_SHARED);
+    assert_ptr_not_equal(ba, bb);
     free(a);
     free(b);
 }
@@ -580,7 +587,7 @@ int main(void) {
         cmocka_unit_test(test_trim_decommits_shared_pages_later),
         cmocka_unit_test(test_trim_unmaps_empty_bundles),
         cmocka_unit_test(test_empty_bundle_serves_other_class),
-        cmocka_unit_test(test_threads_use_different_shards),
+        cmocka_unit_test(test_threads_own_their_bundles),
         cmocka_unit_test(test_uncached_blocks_of_other_classes),
         cmocka_unit_test(test_growing_realloc_leaves_room),
         cmocka_unit_test(test_concurrent_empty_bundles),

@@ -373,7 +373,7 @@ static __attribute__((noinline)) void front_purge(void) {
          * of each class, megabytes a thread that moved on keeps for good)
          * and its Pool spares. */
         front_purge_mine = now + hak_cfg.bigcache_age_ms;
-        l25_thread_flush();
+        l25_thread_age();
         pool_age();
     }
     uint64_t next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);
