@@ -5,11 +5,13 @@
 #include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
+#include "box/lfstack.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/usage.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -125,7 +127,7 @@ static inline uint32_t l25_stride(uint32_t cls, uint32_t shard) {
 static void l25_bundle_format(struct l25_bundle *b, uint32_t cls, uint32_t shard, uint8_t *base,
                               size_t span, uint32_t idx) {
     const uint32_t size = small_class_size[cls], stride = l25_stride(cls, shard);
-    memset(b, 0, sizeof *b);
+    memset(&b->owner, 0, sizeof *b - offsetof(struct l25_bundle, owner));
     b->idx = idx;
     b->base = base;
     b->span = span;
@@ -545,7 +547,70 @@ static void l25_put(void *p) {
 /* ---- heaps: bundles owned by a thread --------------------------------------------- */
 
 #define L25_NCLASSES       (SMALL_NCLASSES - SMALL_FIRST)
-#define L25_HEAP_EMPTY_MAX 16 /* empty bundles a heap keeps (any class) */
+#define L25_HEAP_EMPTY_MAX 8   /* empty bundles a heap keeps (any class) */
+#define L25_SPARE_MAX      256 /* empty bundles no heap keeps */
+
+/* Empty bundles no heap keeps (past a heap's bound), by span (2, 4, 8 MiB),
+ * at most L25_SPARE_MAX of them: any heap short of a bundle takes one (a
+ * thread that freed a burst hands its pages to one that allocates the
+ * next). One compare-and-swap a bundle, no lock; aged by the tier's pass
+ * (l25_age), emptied by malloc_trim. */
+static struct lf_stack l25_spare[3];
+static _Atomic uint32_t l25_nspare;
+#define L25_SPARE_LINK offsetof(struct l25_bundle, spare_next)
+
+static inline struct lf_stack *l25_spare_of(size_t span) {
+    return &l25_spare[span >> (HAK_REGION_SHIFT + 1)]; /* 0, 1, 2 */
+}
+
+/* b (empty, on no list) onto the spares; false when they are full. */
+static bool l25_spare_put(struct l25_bundle *b) {
+    if (atomic_load_explicit(&l25_nspare, memory_order_relaxed) >= L25_SPARE_MAX) return false;
+    atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
+    lf_push(l25_spare_of(b->span), b, L25_SPARE_LINK);
+    return true;
+}
+
+static struct l25_bundle *l25_spare_get(size_t span) {
+    struct lf_stack *s = l25_spare_of(span);
+    if (lf_addr(atomic_load_explicit(&s->top, memory_order_relaxed)) == NULL) return NULL;
+    struct l25_bundle *b = lf_pop(s, L25_SPARE_LINK);
+    if (b) atomic_fetch_sub_explicit(&l25_nspare, 1, memory_order_relaxed);
+    return b;
+}
+
+/* The spares: committed ones unused for the age decommitted, decommitted
+ * ones unused for twice the age unmapped; with `all` every one unmapped.
+ * True when memory went back. */
+static bool l25_spares_age(uint64_t now, bool all) {
+    bool released = false;
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    for (size_t k = 0; k < sizeof l25_spare / sizeof l25_spare[0]; k++) {
+        struct l25_bundle *b = lf_take_all(&l25_spare[k]), *first = NULL, *last = NULL;
+        uint32_t gone = 0;
+        while (b) {
+            struct l25_bundle *next = atomic_load_explicit(&b->spare_next, memory_order_relaxed);
+            uint64_t idle = now > b->empty_ms ? now - b->empty_ms : 0;
+            if (all || (!b->committed && idle >= 2 * age)) {
+                l25_bundle_unmap(b);
+                released = true;
+                gone++;
+            } else {
+                if (b->committed && idle >= age) {
+                    released |= l25_bundle_decommit(b);
+                    b->committed = false;
+                }
+                atomic_store_explicit(&b->spare_next, first, memory_order_relaxed);
+                first = b;
+                if (last == NULL) last = b;
+            }
+            b = next;
+        }
+        if (gone) atomic_fetch_sub_explicit(&l25_nspare, gone, memory_order_relaxed);
+        if (first) lf_push_chain(&l25_spare[k], first, last, L25_SPARE_LINK);
+    }
+    return released;
+}
 
 /* A thread's bundles of the tier's own classes: everything in it is its
  * thread's alone (a parked heap's: whoever holds l25_heap_lock), but the
@@ -631,8 +696,10 @@ static bool l25_heap_tidy(struct l25_heap *h, uint64_t now, bool all) {
         while (last->next)
             last = last->next;
         l25_heap_empty_unlink(h, last);
-        l25_bundle_unmap(last);
-        released = true;
+        if (all || !l25_spare_put(last)) {
+            l25_bundle_unmap(last);
+            released = true;
+        }
     }
     for (struct l25_bundle *b = h->empty, *next; b && b->committed; b = next) {
         next = b->next;
@@ -699,30 +766,36 @@ static void l25_drain(struct l25_heap *h) {
     l25_carved(h, -bytes);
 }
 
+/* b (empty) made a bundle of cls for h. */
+static void l25_recut(struct l25_bundle *b, uint32_t cls, struct l25_heap *h) {
+    bool committed = b->committed;
+    l25_bundle_format(b, cls, 0, b->base, b->span, b->idx);
+    b->owner = h;
+    if (committed) {
+        /* Its old blocks' bytes lie where the new ones' state is; its pages
+         * are still resident: every free block may hold some, for the
+         * ageing and malloc_trim to give back. */
+        for (uint32_t i = b->first; i < b->nblocks; i++)
+            *l25_mark(b, i) = L25_FREE;
+        b->dirty1 = b->avail1;
+    }
+}
+
 /* An empty bundle of h for class cls (one with the span cls needs, made one
  * of cls if it was another class's: a burst of other sizes after a burst of
  * frees reuses the pages the frees left), off the empty list; NULL when h
  * has none. */
 static struct l25_bundle *l25_heap_empty_take(struct l25_heap *h, uint32_t cls) {
     size_t span = l25_span(l25_stride(cls, 0));
-    struct l25_bundle *b = h->empty;
-    while (b && b->span != span) /* committed ones first */
-        b = b->next;
-    if (b == NULL) return NULL;
+    /* One of this class (its blocks where they were: the pages the program
+     * touched are the ones it touches again), else the first of the span
+     * (committed ones come first). */
+    struct l25_bundle *b = h->empty, *any = NULL;
+    for (; b && b->cls != cls; b = b->next)
+        if (any == NULL && b->span == span) any = b;
+    if (b == NULL && (b = any) == NULL) return NULL;
     l25_heap_empty_unlink(h, b);
-    if (b->cls != cls) {
-        bool committed = b->committed;
-        l25_bundle_format(b, cls, 0, b->base, b->span, b->idx);
-        b->owner = h;
-        if (committed) {
-            /* Its old blocks' bytes lie where the new ones' state is; its
-             * pages are still resident: every free block may hold some,
-             * for the ageing and malloc_trim to give back. */
-            for (uint32_t i = b->first; i < b->nblocks; i++)
-                *l25_mark(b, i) = L25_FREE;
-            b->dirty1 = b->avail1;
-        }
-    }
+    if (b->cls != cls) l25_recut(b, cls, h);
     return b;
 }
 
@@ -731,8 +804,12 @@ static uint32_t l25_heap_take(struct l25_heap *h, uint32_t cls, void **out, uint
     uint32_t k = cls - SMALL_FIRST;
     struct l25_bundle *b = h->partial[k];
     if (b == NULL) {
-        if ((b = l25_heap_empty_take(h, cls)) == NULL && (b = l25_bundle_new(cls, 0, h)) == NULL)
-            return 0;
+        if ((b = l25_heap_empty_take(h, cls)) == NULL) {
+            if ((b = l25_spare_get(l25_span(l25_stride(cls, 0)))) != NULL)
+                l25_recut(b, cls, h);
+            else if ((b = l25_bundle_new(cls, 0, h)) == NULL)
+                return 0;
+        }
         if (h->empty) l25_heap_tidy(h, hak_now_ms(), false); /* ages looked at */
         l25_list_push(&h->partial[k], b);
         b->listed = true;
@@ -928,6 +1005,7 @@ bool l25_trim(void) {
     /* This thread's heap, and those of exited threads (ours while we hold
      * the lock); other threads' heaps are theirs. */
     if (hak_tc.l25) released |= l25_heap_trim(hak_tc.l25);
+    released |= l25_spares_age(0, true);
     hak_lock(&l25_heap_lock);
     for (struct l25_heap *h = l25_heaps_free; h; h = h->next_free)
         released |= l25_heap_trim(h);
@@ -1026,7 +1104,8 @@ bool l25_age(void) {
                           &l25_purge_next, &next, now + hak_cfg.bigcache_age_ms,
                           memory_order_relaxed, memory_order_relaxed))
         return false;
-    return l25_purge(now);
+    bool released = l25_spares_age(now, false);
+    return l25_purge(now) | released;
 }
 
 /* What l25_age_next learns of the shards: when the next empty bundle is
@@ -1051,7 +1130,10 @@ uint64_t l25_age_next(void) {
     struct l25_due d = {.next = UINT64_MAX, .dirty = false};
     l25_sweep(hak_now_ms(), l25_due_shard, &d);
     uint64_t pass = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
-    uint64_t next = d.dirty && pass < d.next ? pass : d.next;
+    uint64_t next =
+        (d.dirty || atomic_load_explicit(&l25_nspare, memory_order_relaxed)) && pass < d.next
+            ? pass
+            : d.next;
     /* The heaps of exited threads: what was freed to them since, and their
      * ageing (a live thread ages its own, on its slow path). */
     hak_lock(&l25_heap_lock);

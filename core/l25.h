@@ -49,6 +49,10 @@ struct l25_heap;
 #define L25_SHARED ((struct l25_heap *)1)
 
 struct l25_bundle {
+    /* The link on a stack of spare bundles (box/lfstack.h): a popper may
+     * read it as another thread re-describes the bundle, so a format leaves
+     * it alone. */
+    _Atomic(void *) spare_next;
     /* Read by any thread freeing a block; set while the bundle is empty. */
     struct l25_heap *owner;  /* the heap that owns it, or L25_SHARED */
     uint8_t *base;           /* NULL: descriptor unused */

@@ -570,6 +570,148 @@ static void test_concurrent_empty_bundles(void **state) {
     assert_int_equal(st.bundles_mapped, st.bundles_unmapped);
 }
 
+static void *free_it(void *p) {
+    free(p);
+    return NULL;
+}
+
+static void free_elsewhere_then_here(void *p) {
+    run_in_thread(free_it, p); /* onto the owner's remote stack */
+    free(p);
+}
+
+static void free_here_then_elsewhere(void *p) {
+    free(p);
+    run_in_thread(free_it, p);
+}
+
+/* A block freed by a thread other than its owner's is caught when freed
+ * again, by either. */
+static void test_double_free_remote(void **state) {
+    (void)state;
+    void *p = malloc(200000);
+    char line[160];
+    snprintf(line, sizeof line, "hakmem: free(): double free %p", p);
+    expect_death(free_elsewhere_then_here, p, line);
+    expect_death(free_here_then_elsewhere, p, line);
+    free(p);
+}
+
+static void *owner_reuses(void *arg) {
+    (void)arg;
+    const size_t n = 300000; /* 6 blocks a bundle */
+    void *p = malloc(n);
+    struct l25_bundle *b = bundle_of(p);
+    assert_ptr_not_equal(b->owner, L25_SHARED);
+    uint32_t navail = b->navail;
+    uint64_t mapped = stats().bundles_mapped;
+    run_in_thread(free_it, p);
+    /* On the owner's remote stack: the bundle has not seen it yet. */
+    assert_int_equal(b->navail, navail);
+    void *q[16];
+    int k = 0;
+    bool found = false;
+    while (k < 16 && !found)
+        found = (q[k++] = malloc(n)) == p; /* a refill drains first */
+    for (int i = 0; i < k; i++)
+        free(q[i]);
+    assert_true(found);
+    assert_int_equal(stats().bundles_mapped, mapped);
+    return NULL;
+}
+
+static void test_remote_free_reused_by_owner(void **state) {
+    (void)state;
+    run_in_thread(owner_reuses, NULL);
+}
+
+static void *alloc_and_exit(void *arg) {
+    void **b = arg;
+    for (int i = 0; i < 20; i++)
+        memset(b[i] = malloc(60000 + (size_t)i * 40000), i, 1000);
+    b[20] = bundle_of(b[0])->owner;
+    return NULL;
+}
+
+static void *owner_of_one(void *arg) {
+    void **out = arg;
+    void *p = malloc(60000);
+    *out = bundle_of(p)->owner;
+    free(p);
+    return NULL;
+}
+
+/* A thread's heap outlives it: blocks it left out are freed to it later,
+ * the next thread gets it (bundles and all), and malloc_trim takes back
+ * everything, so nothing leaks. */
+static void test_exited_heap_handed_on(void **state) {
+    (void)state;
+    malloc_trim(0);
+    void *b[21];
+    run_in_thread(alloc_and_exit, b);
+    for (int i = 0; i < 20; i++) { /* frees to a heap no thread has */
+        assert_int_equal(((uint8_t *)b[i])[999], (uint8_t)i);
+        free(b[i]);
+    }
+    void *next = NULL;
+    run_in_thread(owner_of_one, &next);
+    assert_ptr_equal(next, b[20]);
+    malloc_trim(0);
+    struct l25_stats st = stats();
+    assert_int_equal(st.carved_bytes, 0);
+    assert_int_equal(st.bytes_mapped, 0);
+    assert_int_equal(st.bundles_mapped, st.bundles_unmapped);
+}
+
+/* Each L2.5 class's cache holds 8 blocks: frees of 8 take no flush. */
+static void test_cache_holds_eight(void **state) {
+    (void)state;
+    for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++) {
+        void *b[8];
+        size_t n = small_class_size[cls];
+        for (int i = 0; i < 8; i++)
+            b[i] = malloc(n);
+        l25_thread_flush();
+        uint64_t flushes = stats().flushes;
+        for (int i = 0; i < 8; i++)
+            free(b[i]);
+        assert_true(small_class_cap[cls] >= 8);
+        assert_int_equal(tc_count(cls), 8);
+        assert_int_equal(stats().flushes, flushes);
+        l25_thread_flush();
+    }
+}
+
+static void *empty_twelve_bundles(void *arg) {
+    (void)arg;
+    enum { N = 7 * 12 }; /* 256 KiB blocks, 7 a bundle */
+    void *b[N];
+    for (int i = 0; i < N; i++)
+        b[i] = malloc(256 << 10);
+    for (int i = 0; i < N; i++)
+        free(b[i]);
+    l25_thread_flush();
+    return NULL;
+}
+
+/* Empty bundles past a heap's bound are spares any heap takes: the pages
+ * one thread freed serve another's next burst, with no new mapping. */
+static void test_spare_bundles_serve_other_heaps(void **state) {
+    (void)state;
+    malloc_trim(0);
+    run_in_thread(empty_twelve_bundles, NULL);
+    uint64_t mapped = stats().bundles_mapped;
+    enum { N = 7 * 4 };
+    void *b[N];
+    for (int i = 0; i < N; i++)
+        b[i] = malloc(256 << 10);
+    assert_int_equal(stats().bundles_mapped, mapped);
+    for (int i = 0; i < N; i++)
+        free(b[i]);
+    malloc_trim(0);
+    assert_int_equal(stats().bytes_mapped, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
@@ -591,6 +733,11 @@ int main(void) {
         cmocka_unit_test(test_uncached_blocks_of_other_classes),
         cmocka_unit_test(test_growing_realloc_leaves_room),
         cmocka_unit_test(test_concurrent_empty_bundles),
+        cmocka_unit_test(test_double_free_remote),
+        cmocka_unit_test(test_remote_free_reused_by_owner),
+        cmocka_unit_test(test_exited_heap_handed_on),
+        cmocka_unit_test(test_cache_holds_eight),
+        cmocka_unit_test(test_spare_bundles_serve_other_heaps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
