@@ -1,5 +1,6 @@
 /* L2.5 tier, 52 KiB .. 1 MiB (classes SMALL_FIRST ..): size-classed blocks
- * carved from bundles, with the thread cache (core/tcache.h) in front.
+ * carved from bundles, with the thread cache (core/tcache.h, 8 blocks a
+ * class) in front.
  *
  * A bundle is a mapping of 2 MiB (4 or 8 MiB for the biggest classes, so
  * it holds at least 4 blocks) of one class, its blocks one stride apart from
@@ -7,27 +8,41 @@
  * region map's payload. The stride is the size plus one cache line: block i
  * starts at page offset 64*i mod 4096, so the same offsets of different
  * blocks do not all fall into the same cache sets (with page-aligned blocks,
- * touching a page each of a few 256 KiB buffers thrashed a 16-way L2). Blocks
- * for aligned requests come from bundles of their own (stride = size, blocks
- * aligned to the largest power of two dividing the size). The descriptor keeps two bitmaps: `live`
- * (blocks the program holds; flipped atomically by malloc and free, so every double free is caught
- * exactly) and `avail` (blocks back in the bundle, under the shard lock). No free block is ever
- * linked through, so free blocks and empty bundles can be given back to the OS without a trace.
+ * touching a page each of a few 256 KiB buffers thrashed a 16-way L2). That
+ * line (the colouring gap after the block) holds the block's state byte
+ * (L25_LIVE or L25_FREE, written plainly by malloc and free: every double
+ * free is caught) and, while another thread's free of it waits for its
+ * owner, the link of the owner's remote stack. The descriptor's `avail`
+ * bitmap says which blocks are back in the bundle; no block there is linked
+ * through, so free blocks and empty bundles can be given back to the OS
+ * without a trace (a decommitted state byte reads L25_FREE).
  *
- * Each class has L25_SHARDS shards (a lock, the bundles with free blocks, the
- * empty bundles); a thread draws its blocks from one shard, so threads rarely
- * meet on a lock. An empty bundle stays committed until it has been unused
- * for HAKMEM_BIGCACHE_AGE_MS (looked at when the shard is used), then is
- * decommitted; past L25_EMPTY_MAX empty bundles in a shard the oldest is
- * unmapped. malloc_trim unmaps them all and decommits the free blocks of
- * partly used bundles.
+ * Bundles of the tier's classes are owned by a thread's heap (l25.c), as
+ * Pool chunks are: only the owner touches their bitmaps and lists, with no
+ * lock. A block freed by another thread goes onto the owner heap's remote
+ * stack (one compare-and-swap), which the owner takes whole (one exchange)
+ * before it refills. A heap keeps up to 8 empty bundles of any class (the
+ * same class's reused first, else one of the same span recut); past that
+ * they go to spare stacks any heap takes from before it maps a bundle. The
+ * owner decommits its empty bundles unused for HAKMEM_BIGCACHE_AGE_MS, and
+ * the free blocks of its partly used ones, on its own slow path
+ * (l25_thread_age); a thread's heap outlives it, bundles and all, for the
+ * next thread, and the background thread ages the heaps no thread has.
+ * malloc_trim unmaps this thread's, the exited threads' and the spare
+ * empty bundles and decommits their free blocks.
  *
- * The tier also serves, one block at a time and uncached, blocks of the other
- * tiers' classes when those have no memory (a full SuperSlab range, a
- * refused Pool chunk), and every request of a thread that may not cache (see
- * tc_thread_start): the front decides both (front_class_miss). Such
- * bundles have too many blocks for inline bitmaps and keep theirs in their
- * first blocks. */
+ * Shared bundles (owner L25_SHARED) are in shards under locks, as before
+ * the heaps: each class has L25_SHARDS shards (a lock, the bundles with free
+ * blocks, the empty bundles). They serve, one block at a time and
+ * uncached, aligned requests (uncoloured bundles of their own: stride =
+ * size, blocks aligned to the largest power of two dividing the size, state
+ * bytes in the descriptor), blocks of the other tiers' classes when those
+ * have no memory (a full SuperSlab range, a refused Pool chunk), and every
+ * request of a thread that may not cache (see tc_thread_start): the front
+ * decides these (front_class_miss). Bundles with too many blocks for inline
+ * bitmaps keep theirs, and their state bytes, in their first blocks. An
+ * empty shared bundle stays committed until unused for the age, then is
+ * decommitted; past L25_EMPTY_MAX in a shard the oldest is unmapped. */
 #ifndef HAK_L25_H
 #define HAK_L25_H
 
@@ -64,16 +79,16 @@ struct l25_bundle {
     uint32_t first, nblocks; /* blocks first .. nblocks-1 are usable */
     uint8_t *mark;           /* block i's state byte at mark + i * mark_stride */
     uint32_t mark_stride;    /* stride (in the colouring gap) or 1 (an array) */
-    uint64_t *avail;         /* a bit per block: back in the bundle (shard lock) */
+    uint64_t *avail;         /* a bit per block: back in the bundle (its owner's) */
     uint64_t *dirty;         /* avail blocks that may hold pages; NULL: not tracked */
     /* The owner's alone (a heap's thread, or whoever holds the shard lock),
      * on lines of their own: */
     _Alignas(64) uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
-    uint32_t shard;
-    bool listed;                    /* on the shard's partial list */
-    bool committed;                 /* on the empty list: its pages not given back yet */
-    uint64_t empty_ms;              /* when it last became empty */
-    struct l25_bundle *next, *prev; /* partial or empty list; free descriptors */
+    uint32_t shard;                     /* (shared bundles) */
+    bool listed;                        /* on its shard's or heap's partial list */
+    bool committed;                     /* on the empty list: its pages not given back yet */
+    uint64_t empty_ms;                  /* when it last became empty */
+    struct l25_bundle *next, *prev;     /* partial or empty list; free descriptors */
     /* The bitmaps of a bundle of at most 64 blocks. */
     uint64_t avail1, dirty1;
     uint64_t stale1; /* free at the last ageing pass (tracked bundles only) */
