@@ -896,7 +896,14 @@ void l25_thread_exit(void) {
     struct l25_heap *h = hak_tc.l25;
     if (h == NULL) return;
     l25_drain(h);
-    l25_heap_tidy(h, hak_now_ms(), false);
+    /* Its empty bundles to the spares, which the tier's pass ages whoever
+     * calls (a parked heap is aged only by the background thread): with
+     * none, the ones past the spares' bound unmapped. */
+    while (h->empty) {
+        struct l25_bundle *b = h->empty;
+        l25_heap_empty_unlink(h, b);
+        if (!l25_spare_put(b)) l25_bundle_unmap(b);
+    }
     hak_tc.l25 = NULL;
     hak_lock(&l25_heap_lock);
     h->next_free = l25_heaps_free;

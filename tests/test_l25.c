@@ -712,6 +712,38 @@ static void test_spare_bundles_serve_other_heaps(void **state) {
     assert_int_equal(stats().bytes_mapped, 0);
 }
 
+static void *empty_three_bundles(void *arg) {
+    uint8_t **b = arg;
+    for (int i = 0; i < 21; i++) /* 256 KiB blocks, 7 a bundle */
+        memset(b[i] = malloc(256 << 10), 0x77, 256 << 10);
+    for (int i = 0; i < 21; i++)
+        free(b[i]);
+    return NULL;
+}
+
+/* The empty bundles of a thread that exited age out on other threads'
+ * calls, with no background thread and no thread taking its heap. */
+static void test_exited_threads_empty_bundles_age(void **state) {
+    (void)state;
+    malloc_trim(0);
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    hak_cfg.bigcache_age_ms = 40;
+    uint8_t *b[21];
+    uint64_t decommits = stats().decommits;
+    run_in_thread(empty_three_bundles, b);
+    assert_true(resident_blocks(b, 21, 256 << 10) >= 14);
+    uint64_t t0 = hak_now_ms();
+    while (hak_now_ms() - t0 < 10 * age && resident_blocks(b, 21, 256 << 10) > 0) {
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+        l25_age(); /* the tier's pass, when due: what any thread's calls make */
+    }
+    hak_cfg.bigcache_age_ms = age;
+    assert_int_equal(resident_blocks(b, 21, 256 << 10), 0);
+    assert_true(stats().decommits >= decommits + 3);
+    malloc_trim(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
@@ -738,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_exited_heap_handed_on),
         cmocka_unit_test(test_cache_holds_eight),
         cmocka_unit_test(test_spare_bundles_serve_other_heaps),
+        cmocka_unit_test(test_exited_threads_empty_bundles_age),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
