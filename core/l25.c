@@ -552,32 +552,41 @@ static void l25_put(void *p) {
 #define L25_HEAP_EMPTY_MAX 8   /* empty bundles a heap keeps (any class) */
 #define L25_SPARE_MAX      256 /* empty bundles no heap keeps */
 
-/* Empty bundles no heap keeps (past a heap's bound), by span (2, 4, 8 MiB),
- * at most L25_SPARE_MAX of them: any heap short of a bundle takes one (a
- * thread that freed a burst hands its pages to one that allocates the
- * next). One compare-and-swap a bundle, no lock; aged by the tier's pass
- * (l25_age), emptied by malloc_trim. */
-static struct lf_stack l25_spare[3];
+/* Empty bundles no heap keeps (past a heap's bound), by class, at most
+ * L25_SPARE_MAX of them: any heap short of a bundle takes one of its class,
+ * else one of another class with the same span, recut (a thread that freed
+ * a burst hands its pages to one that allocates the next). One
+ * compare-and-swap a bundle, no lock; aged by the tier's pass (l25_age),
+ * emptied by malloc_trim. */
+static struct lf_stack l25_spare[L25_NCLASSES];
 static _Atomic uint32_t l25_nspare;
 #define L25_SPARE_LINK offsetof(struct l25_bundle, spare_next)
-
-static inline struct lf_stack *l25_spare_of(size_t span) {
-    return &l25_spare[span >> (HAK_REGION_SHIFT + 1)]; /* 0, 1, 2 */
-}
 
 /* b (empty, on no list) onto the spares; false when they are full. */
 static bool l25_spare_put(struct l25_bundle *b) {
     if (atomic_load_explicit(&l25_nspare, memory_order_relaxed) >= L25_SPARE_MAX) return false;
     atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
-    lf_push(l25_spare_of(b->span), b, L25_SPARE_LINK);
+    lf_push(&l25_spare[b->cls - SMALL_FIRST], b, L25_SPARE_LINK);
     return true;
 }
 
-static struct l25_bundle *l25_spare_get(size_t span) {
-    struct lf_stack *s = l25_spare_of(span);
+static struct l25_bundle *l25_spare_pop(struct lf_stack *s) {
     if (lf_addr(atomic_load_explicit(&s->top, memory_order_relaxed)) == NULL) return NULL;
     struct l25_bundle *b = lf_pop(s, L25_SPARE_LINK);
     if (b) atomic_fetch_sub_explicit(&l25_nspare, 1, memory_order_relaxed);
+    return b;
+}
+
+/* A spare for class cls: one of cls (its blocks where the program's
+ * touched pages are), else one of a class with the same span (a look at
+ * each stack's top: no lock); NULL when none. */
+static struct l25_bundle *l25_spare_get(uint32_t cls) {
+    struct l25_bundle *b = l25_spare_pop(&l25_spare[cls - SMALL_FIRST]);
+    if (b || atomic_load_explicit(&l25_nspare, memory_order_relaxed) == 0) return b;
+    size_t span = l25_span(l25_stride(cls, 0));
+    for (uint32_t c = SMALL_FIRST; c < SMALL_NCLASSES && b == NULL; c++)
+        if (c != cls && l25_span(l25_stride(c, 0)) == span)
+            b = l25_spare_pop(&l25_spare[c - SMALL_FIRST]);
     return b;
 }
 
@@ -807,9 +816,12 @@ static uint32_t l25_heap_take(struct l25_heap *h, uint32_t cls, void **out, uint
     struct l25_bundle *b = h->partial[k];
     if (b == NULL) {
         if ((b = l25_heap_empty_take(h, cls)) == NULL) {
-            if ((b = l25_spare_get(l25_span(l25_stride(cls, 0)))) != NULL)
-                l25_recut(b, cls, h);
-            else if ((b = l25_bundle_new(cls, 0, h)) == NULL)
+            if ((b = l25_spare_get(cls)) != NULL) {
+                if (b->cls != cls)
+                    l25_recut(b, cls, h);
+                else
+                    b->owner = h;
+            } else if ((b = l25_bundle_new(cls, 0, h)) == NULL)
                 return 0;
         }
         if (h->empty) l25_heap_tidy(h, hak_now_ms(), false); /* ages looked at */

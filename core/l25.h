@@ -23,7 +23,8 @@
  * stack (one compare-and-swap), which the owner takes whole (one exchange)
  * before it refills. A heap keeps up to 8 empty bundles of any class (the
  * same class's reused first, else one of the same span recut); past that
- * they go to spare stacks any heap takes from before it maps a bundle. The
+ * they go to spare stacks, one a class, any heap takes from before it maps
+ * a bundle (its class's first). The
  * owner decommits its empty bundles unused for HAKMEM_BIGCACHE_AGE_MS, and
  * the free blocks of its partly used ones, on its own slow path
  * (l25_thread_age); a thread's heap outlives it, bundles and all, for the
