@@ -1126,7 +1126,8 @@ bool l25_age(void) {
                           memory_order_relaxed, memory_order_relaxed))
         return false;
     bool released = l25_spares_age(now, false);
-    return l25_purge(now) | released;
+    if (l25_purge(now)) released = true;
+    return released;
 }
 
 /* What l25_age_next learns of the shards: when the next empty bundle is

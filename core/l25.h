@@ -111,6 +111,8 @@ enum { L25_FREE = 0, L25_LIVE = 0xa5 };
  * mlockall(MCL_CURRENT). A chunk is in place before any of its descriptors
  * is published in the region map. */
 extern HAK_HIDDEN struct l25_bundle *l25_desc[L25_MAX_BUNDLES / L25_DESC_CHUNK];
+_Static_assert(sizeof(struct l25_bundle) * L25_DESC_CHUNK <= ((size_t)2 << 20),
+               "a chunk of descriptors is one arena_meta record");
 
 /* The bundle of p, whose region entry (kind RMAP_L25) is e. */
 HAK_INLINE struct l25_bundle *l25_bundle_of(uint32_t e) {
