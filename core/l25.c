@@ -1,15 +1,19 @@
-/* L2.5 tier: bundles, their shards, and the slow paths of the thread cache. */
+/* L2.5 tier: bundles, the heaps that own them (and their remote stacks), the
+ * spare stacks, the shards of shared bundles, and the slow paths of the
+ * thread cache. */
 #include "l25.h"
 
 #include "box/arena.h"
 #include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
+#include "box/lfstack.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/usage.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -99,8 +103,15 @@ static bool l25_desc_chunk(uint32_t i) {
     return *c != NULL;
 }
 
-static void l25_desc_put(struct l25_bundle *b) {
+/* b's descriptor back, and its bundle of `span` bytes uncounted: unmapped,
+ * or (`unmapped` false) never mapped after all. */
+static void l25_desc_put(struct l25_bundle *b, size_t span, bool unmapped) {
     hak_lock(&l25_desc_lock);
+    if (unmapped)
+        l25_unmapped++;
+    else
+        l25_mapped--;
+    l25_bytes -= span;
     b->base = NULL;
     b->next = l25_desc_free;
     l25_desc_free = b;
@@ -118,7 +129,7 @@ static inline uint32_t l25_stride(uint32_t cls, uint32_t shard) {
 static void l25_bundle_format(struct l25_bundle *b, uint32_t cls, uint32_t shard, uint8_t *base,
                               size_t span, uint32_t idx) {
     const uint32_t size = small_class_size[cls], stride = l25_stride(cls, shard);
-    memset(b, 0, sizeof *b);
+    memset(&b->owner, 0, sizeof *b - offsetof(struct l25_bundle, owner));
     b->idx = idx;
     b->base = base;
     b->span = span;
@@ -130,16 +141,24 @@ static void l25_bundle_format(struct l25_bundle *b, uint32_t cls, uint32_t shard
     b->magic = UINT64_MAX / stride + 1;
     b->nblocks = (uint32_t)(span / stride);
     b->shard = shard;
+    b->owner = L25_SHARED;
+    if (stride != size) { /* coloured: the state bytes in the gaps */
+        b->mark = base + size + L25_MARK_OFF;
+        b->mark_stride = stride;
+    } else {
+        b->mark = b->mark1;
+        b->mark_stride = 1;
+    }
     if (b->nblocks <= 64) {
-        b->live = &b->live1;
         b->avail = &b->avail1;
         b->dirty = &b->dirty1;
     } else {
-        /* Bitmaps in the first blocks, which are then never handed out
-         * (zeroed: the pages may hold another class's blocks). */
-        size_t bytes = 2 * l25_words(b->nblocks) * sizeof(uint64_t);
-        b->live = (_Atomic uint64_t *)base;
-        b->avail = (uint64_t *)base + l25_words(b->nblocks);
+        /* The bitmap and the state bytes in the first blocks, which are
+         * then never handed out (zeroed: the pages may hold another class's
+         * blocks). */
+        size_t words = l25_words(b->nblocks) * sizeof(uint64_t), bytes = words + b->nblocks;
+        b->avail = (uint64_t *)base;
+        b->mark = base + words;
         b->first = (uint32_t)((bytes + size - 1) / size);
         memset(base, 0, bytes);
     }
@@ -148,7 +167,7 @@ static void l25_bundle_format(struct l25_bundle *b, uint32_t cls, uint32_t shard
 
 /* A new, empty bundle of cls for shard `shard`; NULL when the OS or the
  * descriptor table refuses. Called without locks. */
-static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
+static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard, struct l25_heap *owner) {
     const size_t span = l25_span(l25_stride(cls, shard));
     /* Under an address-space limit each class's partly used bundle is space
      * other blocks cannot have: bundles no bigger than 1/256 of the limit
@@ -166,28 +185,29 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard) {
         b = &l25_desc[idx >> L25_DESC_SHIFT][idx & (L25_DESC_CHUNK - 1)];
         b->idx = idx; /* kept for good: the descriptor may go back unused */
     }
+    if (b) { /* counted now, under the one lock (taken back if the mapping fails) */
+        l25_mapped++;
+        l25_bytes += span;
+    }
     hak_unlock(&l25_desc_lock);
     if (b == NULL) return NULL;
 
     uint8_t *base = arena_alloc(span);
     if (base == NULL) {
-        l25_desc_put(b);
+        l25_desc_put(b, span, false);
         return NULL;
     }
     l25_bundle_format(b, cls, shard, base, span, idx);
+    b->owner = owner;
     /* Published in the region map only once the descriptor is complete. */
     for (size_t r = 0; r < span; r += HAK_REGION_SIZE) {
         if (!rmap_set_region(base + r, RMAP_L25, idx)) {
             rmap_clear_span(base, span);
             arena_free(base, span);
-            l25_desc_put(b);
+            l25_desc_put(b, span, false);
             return NULL;
         }
     }
-    hak_lock(&l25_desc_lock);
-    l25_mapped++;
-    l25_bytes += span;
-    hak_unlock(&l25_desc_lock);
     return b;
 }
 
@@ -195,11 +215,7 @@ static void l25_bundle_unmap(struct l25_bundle *b) {
     size_t span = b->span;
     rmap_clear_span(b->base, span);
     arena_free(b->base, span);
-    hak_lock(&l25_desc_lock);
-    l25_unmapped++;
-    l25_bytes -= span;
-    hak_unlock(&l25_desc_lock);
-    l25_desc_put(b);
+    l25_desc_put(b, span, true);
 }
 
 static void l25_count_decommit(void) {
@@ -302,12 +318,10 @@ static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l
     l25_tidy_empty(s, b->empty_ms, t);
 }
 
-/* Put b, decommitted, on the empty list behind the committed ones. */
-static void l25_park(struct l25_shard *s, struct l25_bundle *b) {
-    hak_lock(&s->lock);
-    b->committed = false;
+/* b (decommitted) onto the empty list at *head, behind the committed ones. */
+static void l25_insert_parked(struct l25_bundle **head, struct l25_bundle *b) {
     struct l25_bundle *after = NULL;
-    for (struct l25_bundle *e = s->empty; e && e->committed; e = e->next)
+    for (struct l25_bundle *e = *head; e && e->committed; e = e->next)
         after = e;
     if (after) {
         b->prev = after;
@@ -315,34 +329,46 @@ static void l25_park(struct l25_shard *s, struct l25_bundle *b) {
         if (b->next) b->next->prev = b;
         after->next = b;
     } else {
-        l25_list_push(&s->empty, b);
+        l25_list_push(head, b);
     }
+}
+
+/* Put b, decommitted, on the empty list behind the committed ones. */
+static void l25_park(struct l25_shard *s, struct l25_bundle *b) {
+    hak_lock(&s->lock);
+    b->committed = false;
+    l25_insert_parked(&s->empty, b);
     s->nempty++;
     hak_unlock(&s->lock);
+}
+
+/* Give b's pages (every block free) back to the OS; true when they went
+ * (refused for locked memory: mlockall). Its owner's. */
+static bool l25_bundle_decommit(struct l25_bundle *b) {
+    if (!os_decommit(b->base, b->span)) return false;
+    if (b->first) l25_bundle_reset(b); /* its bitmaps went with the pages */
+    if (b->dirty) memset(b->dirty, 0, l25_words(b->nblocks) * sizeof(uint64_t));
+    l25_count_decommit();
+    return true;
 }
 
 /* Do what l25_tidy_empty asked: unmap, or decommit and park. No lock held. */
 static void l25_release(struct l25_shard *s, struct l25_todo *t) {
     for (uint32_t k = 0; k < t->n; k++) {
         struct l25_bundle *b = t->b[k];
-        if (t->unmap[k]) {
+        if (t->unmap[k])
             l25_bundle_unmap(b);
-            continue;
+        else {
+            l25_bundle_decommit(b);
+            l25_park(s, b);
         }
-        if (os_decommit(b->base, b->span)) {   /* refused for locked memory (mlockall) */
-            if (b->first) l25_bundle_reset(b); /* its bitmaps went with the pages */
-            if (b->dirty) memset(b->dirty, 0, l25_words(b->nblocks) * sizeof(uint64_t));
-            l25_count_decommit();
-        }
-        l25_park(s, b);
     }
 }
 
 /* ---- taking blocks out --------------------------------------------------------- */
 
-/* Up to `want` free blocks of b into out[]; how many. Shard lock held. */
-static uint32_t l25_take_from(struct l25_shard *s, struct l25_bundle *b, void **out,
-                              uint32_t want) {
+/* Up to `want` free blocks of b into out[]; how many. Its owner's. */
+static uint32_t l25_take_bits(struct l25_bundle *b, void **out, uint32_t want) {
     uint32_t got = 0, words = l25_words(b->nblocks);
     for (uint32_t w = b->hint; w < words && got < want; w++) {
         uint64_t bits = b->avail[w];
@@ -362,6 +388,13 @@ static uint32_t l25_take_from(struct l25_shard *s, struct l25_bundle *b, void **
         if (bits == 0) b->hint = w + 1;
     }
     b->navail -= got;
+    return got;
+}
+
+/* Up to `want` free blocks of b into out[]; how many. Shard lock held. */
+static uint32_t l25_take_from(struct l25_shard *s, struct l25_bundle *b, void **out,
+                              uint32_t want) {
+    uint32_t got = l25_take_bits(b, out, want);
     s->carved_bytes += (uint64_t)got * b->size;
     if (b->navail == 0 && b->listed) {
         l25_list_remove(&s->partial, b);
@@ -390,6 +423,9 @@ static struct l25_bundle *l25_steal(uint32_t cls, uint32_t sh) {
                 l25_empty_unlink(s, b);
                 hak_unlock(&s->lock);
                 l25_bundle_format(b, cls, sh, b->base, b->span, b->idx);
+                /* Its old blocks' bytes lie where the new ones' state is. */
+                for (uint32_t i = b->first; i < b->nblocks; i++)
+                    *l25_mark(b, i) = L25_FREE;
                 /* Its pages are still resident: every free block may hold
                  * some, for the ageing and malloc_trim to give back. */
                 if (b->dirty) b->dirty1 = b->avail1;
@@ -417,7 +453,8 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
     if (s->empty) l25_tidy_empty(s, hak_now_ms(), &todo);
     if (b == NULL) {
         hak_unlock(&s->lock);
-        if ((b = l25_steal(cls, sh)) == NULL && (b = l25_bundle_new(cls, sh)) == NULL) return 0;
+        if ((b = l25_steal(cls, sh)) == NULL && (b = l25_bundle_new(cls, sh, L25_SHARED)) == NULL)
+            return 0;
         hak_lock(&s->lock);
         l25_list_push(&s->partial, b);
         b->listed = true;
@@ -451,25 +488,6 @@ void *l25_alloc_uncached(uint32_t cls) {
     }
     l25_set_live(p);
     return p;
-}
-
-void *l25_alloc_slow(uint32_t cls) {
-    void *blocks[L25_BATCH_MAX];
-    uint32_t want = tc_batch(cls);
-    uint32_t got = l25_take(cls, l25_thread_shard(), blocks, want ? want : 1);
-    if (got == 0) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    /* The first goes to the program; the rest become the (empty) cache. */
-    if (got > 1) {
-        for (uint32_t i = 1; i + 1 < got; i++)
-            *(void **)blocks[i] = blocks[i + 1];
-        *(void **)blocks[got - 1] = NULL;
-        tc_fill(cls, blocks[1], got - 1);
-    }
-    l25_set_live(blocks[0]);
-    return blocks[0];
 }
 
 /* ---- giving blocks back ------------------------------------------------------- */
@@ -528,34 +546,382 @@ static void l25_put(void *p) {
     l25_put_chain(p, 1);
 }
 
+/* ---- heaps: bundles owned by a thread --------------------------------------------- */
+
+#define L25_NCLASSES       (SMALL_NCLASSES - SMALL_FIRST)
+#define L25_HEAP_EMPTY_MAX 8   /* empty bundles a heap keeps (any class) */
+#define L25_SPARE_MAX      256 /* empty bundles no heap keeps */
+
+/* Empty bundles no heap keeps (past a heap's bound), by class, at most
+ * L25_SPARE_MAX of them: any heap short of a bundle takes one of its class,
+ * else one of another class with the same span, recut (a thread that freed
+ * a burst hands its pages to one that allocates the next). One
+ * compare-and-swap a bundle, no lock; aged by the tier's pass (l25_age),
+ * emptied by malloc_trim. */
+static struct lf_stack l25_spare[L25_NCLASSES];
+static _Atomic uint32_t l25_nspare;
+#define L25_SPARE_LINK offsetof(struct l25_bundle, spare_next)
+
+/* b (empty, on no list) onto the spares; false when they are full. */
+static bool l25_spare_put(struct l25_bundle *b) {
+    if (atomic_load_explicit(&l25_nspare, memory_order_relaxed) >= L25_SPARE_MAX) return false;
+    atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
+    lf_push(&l25_spare[b->cls - SMALL_FIRST], b, L25_SPARE_LINK);
+    return true;
+}
+
+static struct l25_bundle *l25_spare_pop(struct lf_stack *s) {
+    if (lf_addr(atomic_load_explicit(&s->top, memory_order_relaxed)) == NULL) return NULL;
+    struct l25_bundle *b = lf_pop(s, L25_SPARE_LINK);
+    if (b) atomic_fetch_sub_explicit(&l25_nspare, 1, memory_order_relaxed);
+    return b;
+}
+
+/* A spare for class cls: one of cls (its blocks where the program's
+ * touched pages are), else one of a class with the same span (a look at
+ * each stack's top: no lock); NULL when none. */
+static struct l25_bundle *l25_spare_get(uint32_t cls) {
+    struct l25_bundle *b = l25_spare_pop(&l25_spare[cls - SMALL_FIRST]);
+    if (b || atomic_load_explicit(&l25_nspare, memory_order_relaxed) == 0) return b;
+    size_t span = l25_span(l25_stride(cls, 0));
+    for (uint32_t c = SMALL_FIRST; c < SMALL_NCLASSES && b == NULL; c++)
+        if (c != cls && l25_span(l25_stride(c, 0)) == span)
+            b = l25_spare_pop(&l25_spare[c - SMALL_FIRST]);
+    return b;
+}
+
+/* The spares: committed ones unused for the age decommitted, decommitted
+ * ones unused for twice the age unmapped; with `all` every one unmapped.
+ * True when memory went back. */
+static bool l25_spares_age(uint64_t now, bool all) {
+    bool released = false;
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    for (size_t k = 0; k < sizeof l25_spare / sizeof l25_spare[0]; k++) {
+        struct l25_bundle *b = lf_take_all(&l25_spare[k]), *first = NULL, *last = NULL;
+        uint32_t gone = 0;
+        while (b) {
+            struct l25_bundle *next = atomic_load_explicit(&b->spare_next, memory_order_relaxed);
+            uint64_t idle = now > b->empty_ms ? now - b->empty_ms : 0;
+            if (all || (!b->committed && idle >= 2 * age)) {
+                l25_bundle_unmap(b);
+                released = true;
+                gone++;
+            } else {
+                if (b->committed && idle >= age) {
+                    released |= l25_bundle_decommit(b);
+                    b->committed = false;
+                }
+                atomic_store_explicit(&b->spare_next, first, memory_order_relaxed);
+                first = b;
+                if (last == NULL) last = b;
+            }
+            b = next;
+        }
+        if (gone) atomic_fetch_sub_explicit(&l25_nspare, gone, memory_order_relaxed);
+        if (first) lf_push_chain(&l25_spare[k], first, last, L25_SPARE_LINK);
+    }
+    return released;
+}
+
+/* A thread's bundles of the tier's own classes: everything in it is its
+ * thread's alone (a parked heap's: whoever holds l25_heap_lock), but the
+ * remote stack, which other threads push on, on a line of its own. */
+struct l25_heap {
+    /* Blocks other threads freed, linked through the first word of their
+     * colouring gap (the line their state byte is on). */
+    _Alignas(64) _Atomic(void *) remote;
+    _Alignas(64) struct l25_bundle *partial[L25_NCLASSES]; /* free blocks and blocks out */
+    /* Bundles with every block free, any class: the committed ones first,
+     * newest first, then the decommitted ones. */
+    struct l25_bundle *empty;
+    uint32_t nempty;
+    uint64_t purge_ms; /* the next pass over partly used bundles' free blocks */
+    /* The owner's counts (a load and a store, no locked instruction), read
+     * by l25_get_stats. */
+    _Atomic uint64_t refills, flushes;
+    _Atomic int64_t carved_bytes;
+    struct l25_heap *next_free, *next_all;
+};
+
+static pthread_mutex_t l25_heap_lock = PTHREAD_MUTEX_INITIALIZER; /* the heap lists */
+static struct l25_heap *l25_heaps_free; /* of exited threads, their bundles with them */
+static struct l25_heap *l25_heaps_all;  /* every heap, for the stats */
+static struct l25_heap *l25_heaps_fresh;
+static uint32_t l25_heaps_fresh_n;
+
+static inline void l25_add(_Atomic uint64_t *c, uint64_t d) {
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + d,
+                          memory_order_relaxed);
+}
+
+static inline void l25_carved(struct l25_heap *h, int64_t d) {
+    atomic_store_explicit(&h->carved_bytes,
+                          atomic_load_explicit(&h->carved_bytes, memory_order_relaxed) + d,
+                          memory_order_relaxed);
+    usage_add(d);
+}
+
+static struct l25_heap *l25_heap_get(void) {
+    hak_lock(&l25_heap_lock);
+    struct l25_heap *h = l25_heaps_free;
+    if (h) {
+        l25_heaps_free = h->next_free; /* an exited thread's: its bundles come along */
+    } else {
+        if (l25_heaps_fresh_n == 0) {
+            size_t bytes = 64 * 1024;
+            l25_heaps_fresh = arena_meta(bytes);
+            l25_heaps_fresh_n = l25_heaps_fresh ? (uint32_t)(bytes / sizeof *h) : 0;
+        }
+        if (l25_heaps_fresh_n) {
+            h = l25_heaps_fresh++;
+            l25_heaps_fresh_n--;
+            h->next_all = l25_heaps_all;
+            l25_heaps_all = h;
+        }
+    }
+    hak_unlock(&l25_heap_lock);
+    return h;
+}
+
+/* b (empty, off every list) on h's empty list: committed in front,
+ * decommitted behind the committed ones. */
+static void l25_heap_empty_add(struct l25_heap *h, struct l25_bundle *b) {
+    if (b->committed)
+        l25_list_push(&h->empty, b);
+    else
+        l25_insert_parked(&h->empty, b);
+    h->nempty++;
+}
+
+static void l25_heap_empty_unlink(struct l25_heap *h, struct l25_bundle *b) {
+    l25_list_remove(&h->empty, b);
+    h->nempty--;
+}
+
+/* The empty bundles of h: past the bound (all of them with `all`) the
+ * oldest unmapped; committed ones unused for the age decommitted. */
+static bool l25_heap_tidy(struct l25_heap *h, uint64_t now, bool all) {
+    bool released = false;
+    while (h->nempty > (all ? 0u : L25_HEAP_EMPTY_MAX)) {
+        struct l25_bundle *last = h->empty;
+        while (last->next)
+            last = last->next;
+        l25_heap_empty_unlink(h, last);
+        if (all || !l25_spare_put(last)) {
+            l25_bundle_unmap(last);
+            released = true;
+        }
+    }
+    for (struct l25_bundle *b = h->empty, *next; b && b->committed; b = next) {
+        next = b->next;
+        /* (empty_ms may be later than a now read before the walk) */
+        if (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
+        l25_heap_empty_unlink(h, b);
+        released |= l25_bundle_decommit(b);
+        b->committed = false;
+        l25_heap_empty_add(h, b);
+    }
+    return released;
+}
+
+/* p, a block of b (h's; neither live nor cached), back into b. */
+static void l25_heap_put(struct l25_heap *h, struct l25_bundle *b, void *p) {
+    size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
+    b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
+    if (b->hint > i >> 6) b->hint = (uint32_t)(i >> 6);
+    uint32_t k = b->cls - SMALL_FIRST;
+    if (++b->navail == b->nblocks - b->first) {
+        if (b->listed) l25_list_remove(&h->partial[k], b);
+        b->listed = false;
+        b->committed = true;
+        b->empty_ms = hak_now_ms();
+        l25_heap_empty_add(h, b);
+        l25_heap_tidy(h, b->empty_ms, false);
+    } else if (!b->listed) {
+        l25_list_push(&h->partial[k], b);
+        b->listed = true;
+    }
+}
+
+/* The chain of n blocks from p (linked through their first word), h's
+ * (this thread's, or a parked one), back into their bundles. */
+static void l25_heap_put_chain(struct l25_heap *h, void *p, uint32_t n) {
+    int64_t bytes = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        void *next = *(void **)p;
+        struct l25_bundle *b = l25_bundle_of(rmap_get(p));
+        bytes += b->size;
+        l25_heap_put(h, b, p);
+        p = next;
+    }
+    l25_add(&h->flushes, n);
+    l25_carved(h, -bytes);
+}
+
+/* Take h's remote stack: every block on it back into its bundle, one
+ * exchange for all. */
+static void l25_drain(struct l25_heap *h) {
+    if (atomic_load_explicit(&h->remote, memory_order_relaxed) == NULL) return;
+    void *p = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
+    int64_t bytes = 0;
+    uint64_t n = 0;
+    while (p) {
+        struct l25_bundle *b = l25_bundle_of(rmap_get(p));
+        void *next = *(void **)((uint8_t *)p + b->size);
+        bytes += b->size;
+        n++;
+        l25_heap_put(h, b, p);
+        p = next;
+    }
+    l25_add(&h->flushes, n);
+    l25_carved(h, -bytes);
+}
+
+/* b (empty) made a bundle of cls for h. */
+static void l25_recut(struct l25_bundle *b, uint32_t cls, struct l25_heap *h) {
+    bool committed = b->committed;
+    l25_bundle_format(b, cls, 0, b->base, b->span, b->idx);
+    b->owner = h;
+    if (committed) {
+        /* Its old blocks' bytes lie where the new ones' state is; its pages
+         * are still resident: every free block may hold some, for the
+         * ageing and malloc_trim to give back. */
+        for (uint32_t i = b->first; i < b->nblocks; i++)
+            *l25_mark(b, i) = L25_FREE;
+        b->dirty1 = b->avail1;
+    }
+}
+
+/* An empty bundle of h for class cls (one with the span cls needs, made one
+ * of cls if it was another class's: a burst of other sizes after a burst of
+ * frees reuses the pages the frees left), off the empty list; NULL when h
+ * has none. */
+static struct l25_bundle *l25_heap_empty_take(struct l25_heap *h, uint32_t cls) {
+    size_t span = l25_span(l25_stride(cls, 0));
+    /* One of this class (its blocks where they were: the pages the program
+     * touched are the ones it touches again), else the first of the span
+     * (committed ones come first). */
+    struct l25_bundle *b = h->empty, *any = NULL;
+    for (; b && b->cls != cls; b = b->next)
+        if (any == NULL && b->span == span) any = b;
+    if (b == NULL && (b = any) == NULL) return NULL;
+    l25_heap_empty_unlink(h, b);
+    if (b->cls != cls) l25_recut(b, cls, h);
+    return b;
+}
+
+/* Up to `want` blocks of cls from h into out[]; how many (0: out of memory). */
+static uint32_t l25_heap_take(struct l25_heap *h, uint32_t cls, void **out, uint32_t want) {
+    uint32_t k = cls - SMALL_FIRST;
+    struct l25_bundle *b = h->partial[k];
+    if (b == NULL) {
+        if ((b = l25_heap_empty_take(h, cls)) == NULL) {
+            if ((b = l25_spare_get(cls)) != NULL) {
+                if (b->cls != cls)
+                    l25_recut(b, cls, h);
+                else
+                    b->owner = h;
+            } else if ((b = l25_bundle_new(cls, 0, h)) == NULL)
+                return 0;
+        }
+        if (h->empty) l25_heap_tidy(h, hak_now_ms(), false); /* ages looked at */
+        l25_list_push(&h->partial[k], b);
+        b->listed = true;
+    }
+    uint32_t got = l25_take_bits(b, out, want);
+    if (b->navail == 0) {
+        l25_list_remove(&h->partial[k], b);
+        b->listed = false;
+    }
+    l25_add(&h->refills, 1);
+    l25_carved(h, (int64_t)got * b->size);
+    return got;
+}
+
+void *l25_alloc_slow(uint32_t cls) {
+    struct l25_heap *h = hak_tc.l25;
+    if (h == NULL && (h = hak_tc.l25 = l25_heap_get()) == NULL) return l25_alloc_uncached(cls);
+    /* Blocks other threads gave back first: a drain that brings one of this
+     * class saves a bundle. */
+    l25_drain(h);
+    void *blocks[L25_BATCH_MAX];
+    uint32_t want = tc_batch(cls);
+    uint32_t got = l25_heap_take(h, cls, blocks, want ? want : 1);
+    if (got == 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    /* The first goes to the program; the rest become the (empty) cache. */
+    if (got > 1) {
+        for (uint32_t i = 1; i + 1 < got; i++)
+            *(void **)blocks[i] = blocks[i + 1];
+        *(void **)blocks[got - 1] = NULL;
+        tc_fill(cls, blocks[1], got - 1);
+    }
+    l25_set_live(blocks[0]);
+    return blocks[0];
+}
+
 /* Move the first n blocks of this thread's cache of cls to their bundles. */
 static void l25_give_back(uint32_t cls, uint32_t n) {
     void *last;
     void *p = tc_take(cls, n, &last);
-    l25_put_chain(p, n);
+    l25_heap_put_chain(hak_tc.l25, p, n);
 }
 
 void l25_free_slow(void *p, uint32_t cls) {
-    if (cls < SMALL_FIRST) {
-        l25_put(p);
-        return;
-    }
     tc_refund(cls);
-    if (!hak_tc.open && !tc_thread_start()) {
+    if (!hak_tc.open) { /* (never with a heap: defensive) */
+        *(void **)p = NULL;
+        l25_heap_put_chain(hak_tc.l25, p, 1);
+        return;
+    }
+    /* Full: give half back. */
+    uint32_t half = tc_batch(cls);
+    l25_give_back(cls, half ? half : 1);
+    tc_push(cls, p);
+}
+
+void l25_free_other(void *p, struct l25_bundle *b) {
+    if (b->owner == L25_SHARED) {
         l25_put(p);
         return;
     }
-    if (!tc_push(cls, p)) { /* full: give half back */
-        tc_refund(cls);
-        uint32_t half = tc_batch(cls);
-        l25_give_back(cls, half ? half : 1);
-        tc_push(cls, p);
-    }
+    /* Onto the owner's remote stack: the bundle keeps p counted out until
+     * its owner drains it, so it stays mapped; heaps are never unmapped. */
+    struct l25_heap *h = b->owner;
+    void **link = (void **)((uint8_t *)p + b->size);
+    void *old = atomic_load_explicit(&h->remote, memory_order_relaxed);
+    do {
+        *link = old;
+    } while (!atomic_compare_exchange_weak_explicit(&h->remote, &old, p, memory_order_release,
+                                                    memory_order_relaxed));
 }
 
 void l25_thread_flush(void) {
     for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++)
         if (tc_count(cls)) l25_give_back(cls, tc_count(cls));
+}
+
+void l25_thread_exit(void) {
+    l25_thread_flush();
+    struct l25_heap *h = hak_tc.l25;
+    if (h == NULL) return;
+    l25_drain(h);
+    /* Its empty bundles to the spares, which the tier's pass ages whoever
+     * calls (a parked heap is aged only by the background thread): with
+     * none, the ones past the spares' bound unmapped. */
+    while (h->empty) {
+        struct l25_bundle *b = h->empty;
+        l25_heap_empty_unlink(h, b);
+        if (!l25_spare_put(b)) l25_bundle_unmap(b);
+    }
+    hak_tc.l25 = NULL;
+    hak_lock(&l25_heap_lock);
+    h->next_free = l25_heaps_free;
+    l25_heaps_free = h;
+    hak_unlock(&l25_heap_lock);
+    bell_ring(); /* its bundles age now, with no thread to look at them */
 }
 
 /* ---- trim ------------------------------------------------------------------------ */
@@ -594,8 +960,77 @@ static bool l25_decommit_free(struct l25_bundle *b, uint64_t eligible) {
     return any;
 }
 
+/* The pass over h's partly used bundles: decommit their free blocks' pages
+ * (but the L25_KEEP_FREE lowest of each class's first bundle, the ones its
+ * next refills take). Its owner's. */
+static bool l25_heap_purge(struct l25_heap *h) {
+    bool released = false;
+    for (uint32_t k = 0; k < L25_NCLASSES; k++) {
+        for (struct l25_bundle *b = h->partial[k]; b; b = b->next) {
+            uint64_t keep = 0, avail = b->avail1 & b->dirty1;
+            for (int n = 0; n < L25_KEEP_FREE && avail && b == h->partial[k]; n++) {
+                keep |= avail & -avail;
+                avail &= avail - 1;
+            }
+            released |= l25_decommit_free(b, b->stale1 | ~keep);
+            b->stale1 = b->avail1 & b->dirty1; /* free now, pages and all */
+        }
+    }
+    return released;
+}
+
+/* h's ageing (its owner's, or a parked heap's under l25_heap_lock): its
+ * remote frees taken back, its empty bundles aged, and its free blocks'
+ * pass when due. */
+static bool l25_heap_age(struct l25_heap *h, uint64_t now) {
+    l25_drain(h);
+    bool released = l25_heap_tidy(h, now, false);
+    if (now >= h->purge_ms) {
+        released |= l25_heap_purge(h);
+        h->purge_ms = now + hak_cfg.bigcache_age_ms;
+    }
+    return released;
+}
+
+/* When something of h is next due: a committed empty bundle's age, or the
+ * pass when a partly used bundle has a free block with pages; UINT64_MAX
+ * when nothing is. */
+static uint64_t l25_heap_due(struct l25_heap *h) {
+    uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
+    for (struct l25_bundle *b = h->empty; b && b->committed; b = b->next)
+        if (b->empty_ms + age < next) next = b->empty_ms + age;
+    for (uint32_t k = 0; k < L25_NCLASSES; k++)
+        for (struct l25_bundle *b = h->partial[k]; b; b = b->next)
+            if ((b->avail1 & b->dirty1) != 0 && h->purge_ms < next) next = h->purge_ms;
+    return next;
+}
+
+/* malloc_trim for h: every empty bundle unmapped, the free blocks of the
+ * others decommitted. */
+static bool l25_heap_trim(struct l25_heap *h) {
+    l25_drain(h);
+    bool released = l25_heap_tidy(h, 0, true);
+    for (uint32_t k = 0; k < L25_NCLASSES; k++)
+        for (struct l25_bundle *b = h->partial[k]; b; b = b->next)
+            released |= l25_decommit_free(b, ~(uint64_t)0);
+    return released;
+}
+
+void l25_thread_age(void) {
+    l25_thread_flush();
+    if (hak_tc.l25) l25_heap_age(hak_tc.l25, hak_now_ms());
+}
+
 bool l25_trim(void) {
     bool released = false;
+    /* This thread's heap, and those of exited threads (ours while we hold
+     * the lock); other threads' heaps are theirs. */
+    if (hak_tc.l25) released |= l25_heap_trim(hak_tc.l25);
+    released |= l25_spares_age(0, true);
+    hak_lock(&l25_heap_lock);
+    for (struct l25_heap *h = l25_heaps_free; h; h = h->next_free)
+        released |= l25_heap_trim(h);
+    hak_unlock(&l25_heap_lock);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];
@@ -690,7 +1125,9 @@ bool l25_age(void) {
                           &l25_purge_next, &next, now + hak_cfg.bigcache_age_ms,
                           memory_order_relaxed, memory_order_relaxed))
         return false;
-    return l25_purge(now);
+    bool released = l25_spares_age(now, false);
+    if (l25_purge(now)) released = true;
+    return released;
 }
 
 /* What l25_age_next learns of the shards: when the next empty bundle is
@@ -715,7 +1152,20 @@ uint64_t l25_age_next(void) {
     struct l25_due d = {.next = UINT64_MAX, .dirty = false};
     l25_sweep(hak_now_ms(), l25_due_shard, &d);
     uint64_t pass = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
-    return d.dirty && pass < d.next ? pass : d.next;
+    uint64_t next =
+        (d.dirty || atomic_load_explicit(&l25_nspare, memory_order_relaxed)) && pass < d.next
+            ? pass
+            : d.next;
+    /* The heaps of exited threads: what was freed to them since, and their
+     * ageing (a live thread ages its own, on its slow path). */
+    hak_lock(&l25_heap_lock);
+    for (struct l25_heap *h = l25_heaps_free; h; h = h->next_free) {
+        l25_heap_age(h, hak_now_ms());
+        uint64_t due = l25_heap_due(h);
+        if (due < next) next = due;
+    }
+    hak_unlock(&l25_heap_lock);
+    return next;
 }
 
 /* ---- fork and stats -------------------------------------------------------------- */
@@ -724,11 +1174,13 @@ void l25_fork_prepare(void) {
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             pthread_mutex_lock(&l25_shards[cls][sh].lock);
+    pthread_mutex_lock(&l25_heap_lock);
     pthread_mutex_lock(&l25_desc_lock);
 }
 
 void l25_fork_release(void) {
     pthread_mutex_unlock(&l25_desc_lock);
+    pthread_mutex_unlock(&l25_heap_lock);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             pthread_mutex_unlock(&l25_shards[cls][sh].lock);
@@ -736,6 +1188,16 @@ void l25_fork_release(void) {
 
 void l25_get_stats(struct l25_stats *st) {
     *st = (struct l25_stats){0};
+    if (hak_tc.l25) l25_drain(hak_tc.l25); /* what others freed to this thread, counted back */
+    int64_t carved = 0;
+    hak_lock(&l25_heap_lock);
+    for (struct l25_heap *h = l25_heaps_all; h; h = h->next_all) {
+        st->refills += atomic_load_explicit(&h->refills, memory_order_relaxed);
+        st->flushes += atomic_load_explicit(&h->flushes, memory_order_relaxed);
+        carved += atomic_load_explicit(&h->carved_bytes, memory_order_relaxed);
+    }
+    hak_unlock(&l25_heap_lock);
+    st->carved_bytes = carved > 0 ? (uint64_t)carved : 0;
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];

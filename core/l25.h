@@ -1,5 +1,6 @@
 /* L2.5 tier, 52 KiB .. 1 MiB (classes SMALL_FIRST ..): size-classed blocks
- * carved from bundles, with the thread cache (core/tcache.h) in front.
+ * carved from bundles, with the thread cache (core/tcache.h, 8 blocks a
+ * class) in front.
  *
  * A bundle is a mapping of 2 MiB (4 or 8 MiB for the biggest classes, so
  * it holds at least 4 blocks) of one class, its blocks one stride apart from
@@ -7,27 +8,42 @@
  * region map's payload. The stride is the size plus one cache line: block i
  * starts at page offset 64*i mod 4096, so the same offsets of different
  * blocks do not all fall into the same cache sets (with page-aligned blocks,
- * touching a page each of a few 256 KiB buffers thrashed a 16-way L2). Blocks
- * for aligned requests come from bundles of their own (stride = size, blocks
- * aligned to the largest power of two dividing the size). The descriptor keeps two bitmaps: `live`
- * (blocks the program holds; flipped atomically by malloc and free, so every double free is caught
- * exactly) and `avail` (blocks back in the bundle, under the shard lock). No free block is ever
- * linked through, so free blocks and empty bundles can be given back to the OS without a trace.
+ * touching a page each of a few 256 KiB buffers thrashed a 16-way L2). That
+ * line (the colouring gap after the block) holds the block's state byte
+ * (L25_LIVE or L25_FREE, written plainly by malloc and free: every double
+ * free is caught) and, while another thread's free of it waits for its
+ * owner, the link of the owner's remote stack. The descriptor's `avail`
+ * bitmap says which blocks are back in the bundle; no block there is linked
+ * through, so free blocks and empty bundles can be given back to the OS
+ * without a trace (a decommitted state byte reads L25_FREE).
  *
- * Each class has L25_SHARDS shards (a lock, the bundles with free blocks, the
- * empty bundles); a thread draws its blocks from one shard, so threads rarely
- * meet on a lock. An empty bundle stays committed until it has been unused
- * for HAKMEM_BIGCACHE_AGE_MS (looked at when the shard is used), then is
- * decommitted; past L25_EMPTY_MAX empty bundles in a shard the oldest is
- * unmapped. malloc_trim unmaps them all and decommits the free blocks of
- * partly used bundles.
+ * Bundles of the tier's classes are owned by a thread's heap (l25.c), as
+ * Pool chunks are: only the owner touches their bitmaps and lists, with no
+ * lock. A block freed by another thread goes onto the owner heap's remote
+ * stack (one compare-and-swap), which the owner takes whole (one exchange)
+ * before it refills. A heap keeps up to 8 empty bundles of any class (the
+ * same class's reused first, else one of the same span recut); past that
+ * they go to spare stacks, one a class, any heap takes from before it maps
+ * a bundle (its class's first). The
+ * owner decommits its empty bundles unused for HAKMEM_BIGCACHE_AGE_MS, and
+ * the free blocks of its partly used ones, on its own slow path
+ * (l25_thread_age); a thread's heap outlives it, bundles and all, for the
+ * next thread, and the background thread ages the heaps no thread has.
+ * malloc_trim unmaps this thread's, the exited threads' and the spare
+ * empty bundles and decommits their free blocks.
  *
- * The tier also serves, one block at a time and uncached, blocks of the other
- * tiers' classes when those have no memory (a full SuperSlab range, a
- * refused Pool chunk), and every request of a thread that may not cache (see
- * tc_thread_start): the front decides both (front_class_miss). Such
- * bundles have too many blocks for inline bitmaps and keep theirs in their
- * first blocks. */
+ * Shared bundles (owner L25_SHARED) are in shards under locks, as before
+ * the heaps: each class has L25_SHARDS shards (a lock, the bundles with free
+ * blocks, the empty bundles). They serve, one block at a time and
+ * uncached, aligned requests (uncoloured bundles of their own: stride =
+ * size, blocks aligned to the largest power of two dividing the size, state
+ * bytes in the descriptor), blocks of the other tiers' classes when those
+ * have no memory (a full SuperSlab range, a refused Pool chunk), and every
+ * request of a thread that may not cache (see tc_thread_start): the front
+ * decides these (front_class_miss). Bundles with too many blocks for inline
+ * bitmaps keep theirs, and their state bytes, in their first blocks. An
+ * empty shared bundle stays committed until unused for the age, then is
+ * decommitted; past L25_EMPTY_MAX in a shard the oldest is unmapped. */
 #ifndef HAK_L25_H
 #define HAK_L25_H
 
@@ -44,7 +60,17 @@
 #define L25_DESC_SHIFT  12     /* descriptors come in chunks of 4096 */
 #define L25_DESC_CHUNK  (1u << L25_DESC_SHIFT)
 
+struct l25_heap;
+/* The owner of the bundles of the shards (never a heap's address). */
+#define L25_SHARED ((struct l25_heap *)1)
+
 struct l25_bundle {
+    /* The link on a stack of spare bundles (box/lfstack.h): a popper may
+     * read it as another thread re-describes the bundle, so a format leaves
+     * it alone. */
+    _Atomic(void *) spare_next;
+    /* Read by any thread freeing a block; set while the bundle is empty. */
+    struct l25_heap *owner;  /* the heap that owns it, or L25_SHARED */
     uint8_t *base;           /* NULL: descriptor unused */
     size_t span;             /* bytes mapped */
     uint32_t idx;            /* in the descriptor table: the region map's payload */
@@ -52,21 +78,32 @@ struct l25_bundle {
     uint32_t stride;         /* distance between blocks: size, or size + 64 */
     uint64_t magic;          /* floor(2^64 / stride) + 1: see l25_div */
     uint32_t first, nblocks; /* blocks first .. nblocks-1 are usable */
-    _Atomic uint64_t *live;  /* a bit per block: the program holds it */
-    uint64_t *avail;         /* a bit per block: back in the bundle (shard lock) */
+    uint8_t *mark;           /* block i's state byte at mark + i * mark_stride */
+    uint32_t mark_stride;    /* stride (in the colouring gap) or 1 (an array) */
+    uint64_t *avail;         /* a bit per block: back in the bundle (its owner's) */
     uint64_t *dirty;         /* avail blocks that may hold pages; NULL: not tracked */
-    /* Under the shard lock: */
-    uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
-    uint32_t shard;
-    bool listed;                    /* on the shard's partial list */
-    bool committed;                 /* on the empty list: its pages not given back yet */
-    uint64_t empty_ms;              /* when it last became empty */
-    struct l25_bundle *next, *prev; /* partial or empty list; free descriptors */
+    /* The owner's alone (a heap's thread, or whoever holds the shard lock),
+     * on lines of their own: */
+    _Alignas(64) uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
+    uint32_t shard;                     /* (shared bundles) */
+    bool listed;                        /* on its shard's or heap's partial list */
+    bool committed;                     /* on the empty list: its pages not given back yet */
+    uint64_t empty_ms;                  /* when it last became empty */
+    struct l25_bundle *next, *prev;     /* partial or empty list; free descriptors */
     /* The bitmaps of a bundle of at most 64 blocks. */
-    _Atomic uint64_t live1;
     uint64_t avail1, dirty1;
     uint64_t stale1; /* free at the last ageing pass (tracked bundles only) */
+    /* The state bytes of an uncoloured bundle of at most 64 blocks (shared
+     * bundles: written by malloc and free, under no lock). */
+    _Alignas(64) uint8_t mark1[64];
 };
+
+/* A block's state byte: L25_LIVE while the program holds it, L25_FREE (0:
+ * what decommitted pages read) otherwise. */
+enum { L25_FREE = 0, L25_LIVE = 0xa5 };
+/* Where a coloured block's state byte lies past its end: the middle of the
+ * 64-byte gap, out of reach of a one-byte overflow or underflow. */
+#define L25_MARK_OFF 32
 
 /* The descriptor table, in chunks taken from the arena as bundles need
  * them: a static table would be megabytes of zeros in the library's BSS,
@@ -74,6 +111,8 @@ struct l25_bundle {
  * mlockall(MCL_CURRENT). A chunk is in place before any of its descriptors
  * is published in the region map. */
 extern HAK_HIDDEN struct l25_bundle *l25_desc[L25_MAX_BUNDLES / L25_DESC_CHUNK];
+_Static_assert(sizeof(struct l25_bundle) * L25_DESC_CHUNK <= ((size_t)2 << 20),
+               "a chunk of descriptors is one arena_meta record");
 
 /* The bundle of p, whose region entry (kind RMAP_L25) is e. */
 HAK_INLINE struct l25_bundle *l25_bundle_of(uint32_t e) {
@@ -98,17 +137,23 @@ HAK_INLINE int64_t l25_index(const struct l25_bundle *b, const void *p) {
 /* Refill the (open) thread cache of cls and hand out a block; NULL (errno
  * ENOMEM) when out of memory. */
 void *l25_alloc_slow(uint32_t cls);
-/* p, a valid block no longer live, could not go into the thread cache
- * (other tier's class, uncached thread, or cache full: room overdrawn). */
+/* p, a valid block of this thread's heap no longer live, could not go into
+ * the thread cache (full: room overdrawn). */
 void l25_free_slow(void *p, uint32_t cls);
+/* p (a valid block of b, no longer live) is not this thread's: onto its
+ * owner heap's remote stack, or back into its shard (a shared bundle). */
+void l25_free_other(void *p, struct l25_bundle *b);
 /* One block of any class straight from its bundles, bypassing caches; NULL
  * (errno ENOMEM) when out of memory. */
 void *l25_alloc_uncached(uint32_t cls);
 /* Mark p, a block out of a thread cache, held by the program. */
+HAK_INLINE uint8_t *l25_mark(const struct l25_bundle *b, size_t i) {
+    return b->mark + i * b->mark_stride;
+}
+
 HAK_INLINE void l25_set_live(void *p) {
     struct l25_bundle *b = l25_bundle_of(rmap_get(p));
-    size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
-    atomic_fetch_or_explicit(&b->live[i >> 6], (uint64_t)1 << (i & 63), memory_order_relaxed);
+    *l25_mark(b, l25_div(b, (size_t)((uint8_t *)p - b->base))) = L25_LIVE;
 }
 
 /* A block of class cls (>= SMALL_FIRST) aligned to the largest power of two
@@ -129,20 +174,22 @@ HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
     int64_t i = l25_index(b, p);
     if (hak_unlikely(i < 0))
         return diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_L25, small_class_size[b->cls]);
-    uint64_t bit = (uint64_t)1 << (i & 63);
-    uint64_t was = atomic_fetch_and_explicit(&b->live[i >> 6], ~bit, memory_order_relaxed);
-    if (hak_unlikely(!(was & bit)))
-        return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_L25, small_class_size[b->cls]);
-    uint32_t cls = b->cls;
-    /* Other tiers' classes never enter the cache: those tiers cache their own. */
-    if (hak_unlikely(cls < SMALL_FIRST || !tc_push(cls, p))) l25_free_slow(p, cls);
+    uint8_t *m = l25_mark(b, (size_t)i);
+    if (hak_unlikely(*m != L25_LIVE))
+        return diag_reject(fn, *m == L25_FREE ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, p,
+                           DIAG_L25, small_class_size[b->cls]);
+    *m = L25_FREE;
+    /* Only this thread's own blocks enter its cache (of L2.5 classes alone:
+     * shared bundles, which have the other tiers' classes, are no heap's). */
+    if (hak_unlikely(b->owner != hak_tc.l25)) return l25_free_other(p, b);
+    if (hak_unlikely(!tc_push(b->cls, p))) l25_free_slow(p, b->cls);
 }
 
 /* True when p (RMAP_L25 entry e) is a live block. */
 static inline bool l25_is_live(const void *p, uint32_t e) {
     struct l25_bundle *b = l25_bundle_of(e);
     int64_t i = l25_index(b, p);
-    return i >= 0 && atomic_load_explicit(&b->live[i >> 6], memory_order_relaxed) >> (i & 63) & 1;
+    return i >= 0 && *l25_mark(b, (size_t)i) == L25_LIVE;
 }
 
 /* The class of p (RMAP_L25 entry e); aborts naming p unless p is live. */
@@ -155,6 +202,14 @@ static inline uint32_t l25_class_of(const void *p, uint32_t e, const char *fn) {
 
 /* Return every block this thread caches to its bundle. */
 void l25_thread_flush(void);
+/* This thread's look at its own (front_purge, every HAKMEM_BIGCACHE_AGE_MS
+ * or so): its cache flushed, its remote frees taken back, its empty bundles
+ * unused for the age decommitted, and when a pass is due the free blocks of
+ * its partly used bundles. */
+void l25_thread_age(void);
+/* Thread exit: the cache back to the bundles, the heap (bundles and all) to
+ * the next thread. */
+void l25_thread_exit(void);
 /* malloc_trim: unmap empty bundles, decommit the free blocks of the others;
  * true when memory went back to the OS. */
 bool l25_trim(void);

@@ -11,11 +11,13 @@ const uint32_t small_class_size[SMALL_NCLASSES] = {
     458752, 524288, 655360, 786432, 917504, 1048576,
 };
 
-/* Per-thread cache capacity: about 32 KiB of blocks, 2..128. */
+/* Per-thread cache capacity: about 32 KiB of blocks, 2..128; 8 for every
+ * L2.5 class (SMALL_FIRST ..): a refill or flush there is a bundle's
+ * bookkeeping, and batches of 4 keep it off the per-op path. */
 const uint16_t small_class_cap[SMALL_NCLASSES] = {
     128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 102, 85, 73, 64, 51, 42, 36, 32, 25,
     21,  18,  16,  12,  10,  9,   8,   6,   5,   4,   4,   3,   2,   2,  2,  2,  2,  2,  2,  2,  2,
-    2,   2,   2,   2,   2,   2,   2,   2,   2,   2,   2,   2,   2,   2,  2,  2,  2,  2,  2,
+    2,   8,   8,   8,   8,   8,   8,   8,   8,   8,   8,   8,   8,   8,  8,  8,  8,  8,  8,
 };
 
 /* floor(2^42 / size) + 1: (offset * magic) >> 42 == offset / size for every

@@ -11,6 +11,7 @@
 
 struct tiny_heap;
 struct pool_heap;
+struct l25_heap;
 
 /* A list's two counters in one word, so that a pop updates both with one
  * add: `room` (low 16 bits: blocks the list may still take; free's whole
@@ -39,6 +40,7 @@ struct hak_tcache {
     bool open;              /* caches open: room counts from small_class_cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
     struct pool_heap *pool; /* this thread's Pool heap, NULL until needed */
+    struct l25_heap *l25;   /* this thread's L2.5 heap, NULL until needed */
     int32_t purge_tick;     /* misses until the front looks at the clock (front_purge) */
     /* Tiny allocs, for stats: those of earlier countdowns, and the value
      * the current countdown started from (what it has gone down by since is

@@ -55,7 +55,13 @@ static void test_cache_caps_in_range(void **state) {
     (void)state;
     for (int c = 0; c < SMALL_NCLASSES; c++) {
         assert_in_range(small_class_cap[c], 2, 128);
-        /* A thread never caches more than ~64 KiB of one class beyond 2 blocks. */
+        /* The L2.5 tier's classes: 8 blocks each. */
+        if (c >= (int)SMALL_FIRST) {
+            assert_int_equal(small_class_cap[c], 8);
+            continue;
+        }
+        /* Otherwise a thread never caches more than ~64 KiB of one class
+         * beyond 2 blocks. */
         if (small_class_cap[c] > 2)
             assert_true((size_t)small_class_cap[c] * small_class_size[c] <= 65536);
     }

@@ -369,11 +369,11 @@ static __attribute__((noinline)) void front_purge(void) {
     hak_tc.purge_tick = FRONT_PURGE_TICK;
     uint64_t now = hak_now_ms();
     if (now >= front_purge_mine) {
-        /* What only this thread may touch: its L2.5 cache (up to two blocks
-         * of each class, megabytes a thread that moved on keeps for good)
-         * and its Pool spares. */
+        /* What only this thread may touch: its L2.5 cache (up to eight
+         * blocks of each class, megabytes a thread that moved on keeps for
+         * good) and heap (empty bundles, free blocks), and its Pool spares. */
         front_purge_mine = now + hak_cfg.bigcache_age_ms;
-        l25_thread_flush();
+        l25_thread_age();
         pool_age();
     }
     uint64_t next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);

@@ -44,7 +44,7 @@ static void life_thread_exit(void *unused) {
     life_exited = true;
     tiny_thread_exit();
     pool_thread_exit();
-    l25_thread_flush();
+    l25_thread_exit();
     tc_thread_close();
     chk_thread_exit();
     large_thread_exit();
