@@ -874,8 +874,11 @@ static int large_tc_mode_get(void) {
 }
 
 /* The owner takes its record: true unless a drainer has it (then leave it
- * alone: no large_tc_leave). */
+ * alone: no large_tc_leave) or the owner has it already. */
 static inline bool large_tc_enter(struct large_tc *t) {
+    /* Busy already: a signal handler's malloc or free inside the owner's
+     * (whose leave would end the outer one's hold): not for it. */
+    if (hak_unlikely(atomic_load_explicit(&t->busy, memory_order_relaxed))) return false;
     if (hak_likely(t->mode == LARGE_TC_MEMBARRIER)) {
         atomic_store_explicit(&t->busy, 1, memory_order_relaxed);
         atomic_signal_fence(memory_order_seq_cst); /* (the drainer's membarrier orders it) */
