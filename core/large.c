@@ -808,7 +808,7 @@ static uint64_t large_spare_age(uint64_t now) {
  *
  * The owner's operations make no atomic read-modify-write and write only
  * the record's own lines: an asymmetric handshake with the rare drainer (the
- * ager, a trim, a fork child). The owner marks itself busy (a plain store),
+ * ager, a trim). The owner marks itself busy (a plain store),
  * then reads its record's stop word; a drainer sets stop, makes every
  * running thread of the process pass a full barrier (membarrier, private
  * expedited: os_barrier) and then reads busy. So either the owner sees stop
@@ -818,10 +818,12 @@ static uint64_t large_spare_age(uint64_t now) {
  * or both; never neither. Each has the record to itself in turn, and the
  * release and acquire of busy and stop order what each wrote in it. Where
  * the kernel has no membarrier (registered at the first claim) the owner's
- * store of busy is a sequentially consistent one (an exchange) and the
- * drainer's barrier a fence (large_tc_mode): the exchange of a hit, as it
- * was before. (One exchange a hit took the record's slot; the count build's
- * local_1-4m made 1.0 of them an op.) */
+ * store of busy is a sequentially consistent one (an exchange), as the
+ * drainer's store of stop always is, and the drainer calls nothing
+ * (large_tc_mode): an exchange a malloc or free, as before. (One exchange a
+ * hit took the record's slot; the count build's local_1-4m made 1.0 of them
+ * an op.) A fork child gives the records of threads it has not back
+ * (large_fork_child). */
 #define LARGE_TC_N       4
 #define LARGE_TC_RECORDS 256
 #define LARGE_TC_CHUNK   16 /* records a drainer stops at once */
