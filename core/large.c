@@ -361,7 +361,10 @@ static uint64_t large_spare_age(uint64_t now);            /* (the spares: below)
 static uint64_t large_tc_age_all(bool all, uint64_t now); /* (the threads' caches: below) */
 
 /* Decommit or unmap what large_cache_expire or large_cache_room took out;
- * decommitted entries go back into the cache. */
+ * decommitted entries go back into the cache. (out is not const: gcc -O1
+ * then takes the callers' arrays, filled only when large_cache_expire
+ * looked, as read uninitialised.) */
+// cppcheck-suppress constParameter
 static void large_cache_retire(struct large_entry *out, uint32_t n) {
     if (n == 0) return; /* the usual case: no need of the clock */
     struct large_cache *lc = &large_cache;
