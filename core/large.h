@@ -57,6 +57,8 @@ uint64_t large_age_next(void);
  * child alike: in the child the forking thread, their owner, is the only one). */
 void large_fork_prepare(void);
 void large_fork_release(void);
+/* The child, after large_fork_release: the other threads' caches emptied. */
+void large_fork_child(void);
 
 /* This thread's exit hook is armed: its changes to the counters may wait
  * (up to LARGE_BATCH of them). */

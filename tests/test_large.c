@@ -18,6 +18,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1379,6 +1380,133 @@ static void test_thread_caches_leave_the_bigcache_its_share(void **state) {
         free(q[i]);
 }
 
+/* A thread's cache serves a request from a mapping less than three times
+ * its room (within twice it, 1 malloc in 9 of 1-4 MiB blocks missed, each a
+ * lock of the BigCache's); a bigger one is the BigCache's to split. */
+static void test_thread_cache_serves_within_three_times(void **state) {
+    (void)state;
+    uint8_t *p = malloc(3 * MiB);
+    memset(p, 1, 3 * MiB);
+    free(p);
+    uint64_t calls = os_total();
+    uint8_t *q = malloc(6 * MiB / 5);
+    assert_ptr_equal(q, p);
+    assert_int_equal(os_total(), calls);
+    uint8_t *big = malloc(7 * MiB);
+    memset(big, 2, 7 * MiB);
+    free(big);
+    uint8_t *r = malloc(2 * MiB);
+    assert_ptr_not_equal(r, big);
+    free(q);
+    free(r);
+}
+
+/* A block freed by another thread than the one that allocated it goes to
+ * the freeing thread's cache, and comes back to that thread without a call;
+ * freed again, it is caught. */
+static void *free_then_malloc_3(void *arg) {
+    free(arg);
+    uint64_t calls = os_total();
+    void *q = malloc(3 * MiB);
+    assert_ptr_equal(q, arg);
+    assert_int_equal(os_total(), calls);
+    memset(q, 4, 3 * MiB);
+    free(q);
+    return NULL;
+}
+
+static void do_free_once(void *p) {
+    free(p);
+}
+
+static void test_cross_thread_free_to_the_freers_cache(void **state) {
+    (void)state;
+    uint64_t live = lstats().live_blocks;
+    void *p = malloc(3 * MiB);
+    memset(p, 1, 3 * MiB);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_then_malloc_3, p), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(lstats().live_blocks, live);
+    expect_free_abort(do_free_once, p, "double free");
+}
+
+/* The owner's malloc and free (plain loads and stores) against the ager and
+ * malloc_trim taking its cache from under it: no mapping is handed out
+ * twice (each block's bytes stay its own), none is lost (after a trim
+ * nothing is cached, nothing live). */
+#define TC_RACE_OPS 2000
+static _Atomic bool tc_race_done;
+static void *tc_race_owner(void *arg) {
+    (void)arg;
+    uint8_t *slot[4] = {0};
+    size_t len[4] = {0};
+    uint32_t rng = 12345;
+    for (int i = 0; i < TC_RACE_OPS; i++) {
+        rng = rng * 1103515245u + 12345u;
+        uint32_t k = (rng >> 16) % 4;
+        if (slot[k]) {
+            for (size_t j = 0; j < len[k]; j += 4096)
+                assert_int_equal(slot[k][j], (uint8_t)(k + 1));
+            free(slot[k]);
+        }
+        len[k] = MiB + (rng >> 8) % (3 * MiB);
+        slot[k] = malloc(len[k]);
+        assert_non_null(slot[k]);
+        for (size_t j = 0; j < len[k]; j += 4096)
+            slot[k][j] = (uint8_t)(k + 1);
+    }
+    for (int k = 0; k < 4; k++)
+        free(slot[k]);
+    atomic_store(&tc_race_done, true);
+    return NULL;
+}
+
+static void test_thread_cache_owner_races_ager_and_trim(void **state) {
+    (void)state;
+    hak_cfg.bigcache_age_ms = 1;
+    uint64_t live = lstats().live_blocks;
+    atomic_store(&tc_race_done, false);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, tc_race_owner, NULL), 0);
+    for (unsigned i = 0; !atomic_load(&tc_race_done); i++) {
+        if (i % 8 == 0)
+            malloc_trim(0);
+        else
+            large_age_next();
+    }
+    assert_int_equal(pthread_join(t, NULL), 0);
+    hak_cfg.bigcache_age_ms = 60000;
+    malloc_trim(0);
+    struct large_stats s = lstats();
+    assert_int_equal(s.live_blocks, live);
+    assert_int_equal(s.cached_blocks, 0);
+}
+
+/* In a fork child, the caches of the parent's other threads (which the
+ * child does not have) go to the BigCache: the child's own mallocs reuse
+ * their mappings. (They stayed in records no thread of the child owned.) */
+static void child_reuses_other_threads_cache(void *arg) {
+    uint64_t maps = os_calls(OS_MMAP);
+    void *q = malloc(3 * MiB);
+    CHILD_CHECK(q == arg);
+    CHILD_CHECK(os_calls(OS_MMAP) == maps);
+    free(q);
+}
+
+static void test_fork_child_gets_other_threads_caches(void **state) {
+    (void)state;
+    uint8_t *p = NULL;
+    pthread_t t;
+    pthread_barrier_init(&tc_bar, NULL, 2);
+    assert_int_equal(pthread_create(&t, NULL, tc_idler, &p), 0);
+    pthread_barrier_wait(&tc_bar); /* p is in t's cache */
+    expect_clean_exit(child_reuses_other_threads_cache, p);
+    pthread_barrier_wait(&tc_bar);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    pthread_barrier_destroy(&tc_bar);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -1426,6 +1554,10 @@ int main(void) {
         cmocka_unit_test_setup(test_trim_empties_every_thread_cache, tc_reset),
         cmocka_unit_test_setup(test_thread_cache_double_free_caught, tc_reset),
         cmocka_unit_test_setup(test_thread_caches_leave_the_bigcache_its_share, tc_reset),
+        cmocka_unit_test_setup(test_thread_cache_serves_within_three_times, tc_reset),
+        cmocka_unit_test_setup(test_cross_thread_free_to_the_freers_cache, tc_reset),
+        cmocka_unit_test_setup(test_thread_cache_owner_races_ager_and_trim, tc_reset),
+        cmocka_unit_test_setup(test_fork_child_gets_other_threads_caches, tc_reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

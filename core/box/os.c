@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/membarrier.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/auxv.h>
@@ -266,6 +267,20 @@ static long os_locked_kb(void) {
     for (; *c >= '0' && *c <= '9'; c++)
         v = v * 10 + (*c - '0');
     return v;
+}
+
+bool os_barrier_register(void) {
+    int saved = errno;
+    bool ok = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+    errno = saved;
+    return ok;
+}
+
+bool os_barrier(void) {
+    int saved = errno;
+    bool ok = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+    errno = saved;
+    return ok;
 }
 
 void os_fork_child(void) {

@@ -107,6 +107,16 @@ uint64_t os_mapped_peak(void);
  * address space it would not give) since the last call of this; resets. */
 uint32_t os_take_refusals(void);
 
+/* A process-wide memory barrier (membarrier(2), private expedited): when
+ * os_barrier returns, every other thread of the process that was running
+ * has passed a full barrier, so a thread's plain store and its later load
+ * are ordered against the caller's store before and load after the call.
+ * os_barrier_register registers the process for it (once; again in a fork
+ * child does no harm); false where the kernel has no membarrier. errno is
+ * the caller's. */
+bool os_barrier_register(void);
+bool os_barrier(void);
+
 /* Fork child: what the parent learnt of mlockall does not hold there. */
 void os_fork_child(void);
 
