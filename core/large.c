@@ -991,15 +991,8 @@ static bool large_tc_put(struct large_hdr *h) {
 }
 
 /* A mapping from this thread's cache with at least `need` bytes of room at
- * `map_align`, and less than three times that (a bigger one is the
- * BigCache's to split): the smallest; NULL when there is none. (Within
- * twice the need, 1 malloc in 9 of blocks of 1-4 MiB missed, each taking
- * the BigCache's lock, and the free before it too, pushing one out: the
- * count build's local_1-4m, 0.21 locks an op; within three times, 0.10,
- * peak RSS the same over 20000 ops, 3% more over 2000. Splitting a bigger
- * one here, its rest kept, took misses to 1 in 20, but RSS rose 15-30%:
- * the BigCache, fed the rests, had to grow its entries for the bigger
- * requests.) */
+ * `map_align`, and not twice that (a bigger one is the BigCache's to
+ * split): the smallest; NULL when there is none. */
 static struct large_hdr *large_tc_take(size_t need, size_t map_align) {
     struct large_tc *t = large_my_tc;
     if (t == NULL || !large_tc_enter(t)) return NULL;
@@ -1009,7 +1002,7 @@ static struct large_hdr *large_tc_take(size_t need, size_t map_align) {
         struct large_hdr *h = atomic_load_explicit(&t->slot[i], memory_order_relaxed);
         if (h == NULL) continue;
         size_t room = t->room[i];
-        if (((uintptr_t)h & (map_align - 1)) == 0 && room >= need && room / 3 <= need &&
+        if (((uintptr_t)h & (map_align - 1)) == 0 && room >= need && room / 2 <= need &&
             room < best_room)
             best = i, best_room = room;
     }

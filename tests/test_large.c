@@ -1380,27 +1380,6 @@ static void test_thread_caches_leave_the_bigcache_its_share(void **state) {
         free(q[i]);
 }
 
-/* A thread's cache serves a request from a mapping less than three times
- * its room (within twice it, 1 malloc in 9 of 1-4 MiB blocks missed, each a
- * lock of the BigCache's); a bigger one is the BigCache's to split. */
-static void test_thread_cache_serves_within_three_times(void **state) {
-    (void)state;
-    uint8_t *p = malloc(3 * MiB);
-    memset(p, 1, 3 * MiB);
-    free(p);
-    uint64_t calls = os_total();
-    uint8_t *q = malloc(6 * MiB / 5);
-    assert_ptr_equal(q, p);
-    assert_int_equal(os_total(), calls);
-    uint8_t *big = malloc(7 * MiB);
-    memset(big, 2, 7 * MiB);
-    free(big);
-    uint8_t *r = malloc(2 * MiB);
-    assert_ptr_not_equal(r, big);
-    free(q);
-    free(r);
-}
-
 /* A block freed by another thread than the one that allocated it goes to
  * the freeing thread's cache, and comes back to that thread without a call;
  * freed again, it is caught. */
@@ -1554,7 +1533,6 @@ int main(void) {
         cmocka_unit_test_setup(test_trim_empties_every_thread_cache, tc_reset),
         cmocka_unit_test_setup(test_thread_cache_double_free_caught, tc_reset),
         cmocka_unit_test_setup(test_thread_caches_leave_the_bigcache_its_share, tc_reset),
-        cmocka_unit_test_setup(test_thread_cache_serves_within_three_times, tc_reset),
         cmocka_unit_test_setup(test_cross_thread_free_to_the_freers_cache, tc_reset),
         cmocka_unit_test_setup(test_thread_cache_owner_races_ager_and_trim, tc_reset),
         cmocka_unit_test_setup(test_fork_child_gets_other_threads_caches, tc_reset),
