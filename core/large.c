@@ -1060,7 +1060,9 @@ static uint64_t large_tc_age_all(bool all, uint64_t now) {
             struct large_tc *t = stopped[k];
             for (unsigned spins = 0; atomic_load_explicit(&t->busy, memory_order_seq_cst);
                  spins++) {
-                if (!all) break;
+                /* (its own record, busy: a signal handler inside the owner's
+                 * hold; waiting would never end. Bounded for the others.) */
+                if (!all || t == large_my_tc || spins > 4096) break;
                 if (spins < 64)
                     __builtin_ia32_pause();
                 else

@@ -1486,6 +1486,55 @@ static void test_fork_child_gets_other_threads_caches(void **state) {
     pthread_barrier_destroy(&tc_bar);
 }
 
+/* malloc_trim in a signal handler that interrupts the thread inside its own
+ * cache's take or put: the trim does not wait for the thread's own record
+ * (busy until the handler returns: it waited forever, holding the drain
+ * lock every ager then spun on). */
+static pthread_t sig_target;
+static _Atomic bool sig_stop;
+
+static void sig_trim(int sig) {
+    (void)sig;
+    malloc_trim(0);
+}
+
+static void *sig_sender(void *arg) {
+    (void)arg;
+    while (!atomic_load(&sig_stop)) {
+        pthread_kill(sig_target, SIGUSR1);
+        for (volatile int i = 0; i < 2000; i++)
+            ;
+    }
+    return NULL;
+}
+
+static void trim_in_handler_child(void *arg) {
+    (void)arg;
+    struct sigaction sa = {.sa_handler = sig_trim};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    CHILD_CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
+    sig_target = pthread_self();
+    free(malloc(2 * MiB)); /* this thread's cache claimed */
+    pthread_t t;
+    CHILD_CHECK(pthread_create(&t, NULL, sig_sender, NULL) == 0);
+    int64_t end = now_ms() + 1500;
+    while (now_ms() < end) {
+        char *volatile p = malloc(2 * MiB);
+        CHILD_CHECK(p != NULL);
+        p[0] = 1;
+        free(p);
+    }
+    atomic_store(&sig_stop, true);
+    pthread_join(t, NULL);
+    _exit(0);
+}
+
+static void test_trim_in_handler_inside_own_cache(void **state) {
+    (void)state;
+    expect_clean_exit(trim_in_handler_child, NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
@@ -1534,6 +1583,7 @@ int main(void) {
         cmocka_unit_test_setup(test_thread_cache_double_free_caught, tc_reset),
         cmocka_unit_test_setup(test_thread_caches_leave_the_bigcache_its_share, tc_reset),
         cmocka_unit_test_setup(test_cross_thread_free_to_the_freers_cache, tc_reset),
+        cmocka_unit_test_setup(test_trim_in_handler_inside_own_cache, tc_reset),
         cmocka_unit_test_setup(test_thread_cache_owner_races_ager_and_trim, tc_reset),
         cmocka_unit_test_setup(test_fork_child_gets_other_threads_caches, tc_reset),
     };
