@@ -1532,6 +1532,11 @@ static void trim_in_handler_child(void *arg) {
 
 static void test_trim_in_handler_inside_own_cache(void **state) {
     (void)state;
+#ifdef HAK_TEST_TSAN
+    /* ThreadSanitizer's runtime defers signals and takes its own locks in
+     * malloc_trim: it deadlocks on itself under the signal flood. */
+    skip();
+#endif
     expect_clean_exit(trim_in_handler_child, NULL);
 }
 
