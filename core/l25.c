@@ -548,9 +548,11 @@ static void l25_put(void *p) {
 
 /* ---- heaps: bundles owned by a thread --------------------------------------------- */
 
-#define L25_NCLASSES       (SMALL_NCLASSES - SMALL_FIRST)
-#define L25_HEAP_EMPTY_MAX 8   /* empty bundles a heap keeps (any class) */
-#define L25_SPARE_MAX      256 /* empty bundles no heap keeps */
+#define L25_NCLASSES        (SMALL_NCLASSES - SMALL_FIRST)
+#define L25_HEAP_EMPTY_MAX  8   /* empty bundles a heap keeps (any class) */
+#define L25_SPARE_MAX       256 /* empty bundles no heap keeps */
+#define L25_SPARE_COMMITTED 16  /* of them, with their pages */
+#define L25_HEAP_COMMITTED  2   /* empty bundles a heap keeps with their pages */
 
 /* Empty bundles no heap keeps (past a heap's bound), by class, at most
  * L25_SPARE_MAX of them: any heap short of a bundle takes one of its class,
@@ -562,9 +564,16 @@ static struct lf_stack l25_spare[L25_NCLASSES];
 static _Atomic uint32_t l25_nspare;
 #define L25_SPARE_LINK offsetof(struct l25_bundle, spare_next)
 
-/* b (empty, on no list) onto the spares; false when they are full. */
+/* b (empty, on no list) onto the spares; false when they are full. Past
+ * the first L25_SPARE_COMMITTED it goes decommitted: nothing ages the
+ * spares in a program whose calls all hit the thread caches. */
 static bool l25_spare_put(struct l25_bundle *b) {
-    if (atomic_load_explicit(&l25_nspare, memory_order_relaxed) >= L25_SPARE_MAX) return false;
+    uint32_t n = atomic_load_explicit(&l25_nspare, memory_order_relaxed);
+    if (n >= L25_SPARE_MAX) return false;
+    if (b->committed && n >= L25_SPARE_COMMITTED) {
+        l25_bundle_decommit(b);
+        b->committed = false; /* (refused, mlockall: its pages are locked anyway) */
+    }
     atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
     lf_push(&l25_spare[b->cls - SMALL_FIRST], b, L25_SPARE_LINK);
     return true;
@@ -630,6 +639,11 @@ struct l25_heap {
     /* Blocks other threads freed, linked through the first word of their
      * colouring gap (the line their state byte is on). */
     _Alignas(64) _Atomic(void *) remote;
+    /* ms: when the owner last took its remote stack (on the same line: the
+     * owner writes it as it takes the stack). A freer that finds it older
+     * than the age gives the block's pages back before it pushes it: an
+     * idle or exited owner would hold them for good. */
+    _Atomic uint64_t active_ms;
     _Alignas(64) struct l25_bundle *partial[L25_NCLASSES]; /* free blocks and blocks out */
     /* Bundles with every block free, any class: the committed ones first,
      * newest first, then the decommitted ones. */
@@ -661,6 +675,13 @@ static inline void l25_carved(struct l25_heap *h, int64_t d) {
     usage_add(d);
 }
 
+/* h's owner is at work now (a store only when the ms changed). */
+static void l25_heap_active(struct l25_heap *h) {
+    uint64_t now = hak_now_ms();
+    if (atomic_load_explicit(&h->active_ms, memory_order_relaxed) != now)
+        atomic_store_explicit(&h->active_ms, now, memory_order_relaxed);
+}
+
 static struct l25_heap *l25_heap_get(void) {
     hak_lock(&l25_heap_lock);
     struct l25_heap *h = l25_heaps_free;
@@ -680,6 +701,7 @@ static struct l25_heap *l25_heap_get(void) {
         }
     }
     hak_unlock(&l25_heap_lock);
+    if (h) l25_heap_active(h);
     return h;
 }
 
@@ -761,6 +783,7 @@ static void l25_heap_put_chain(struct l25_heap *h, void *p, uint32_t n) {
 /* Take h's remote stack: every block on it back into its bundle, one
  * exchange for all. */
 static void l25_drain(struct l25_heap *h) {
+    l25_heap_active(h);
     if (atomic_load_explicit(&h->remote, memory_order_relaxed) == NULL) return;
     void *p = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
     int64_t bytes = 0;
@@ -882,6 +905,16 @@ void l25_free_slow(void *p, uint32_t cls) {
     tc_push(cls, p);
 }
 
+/* The pages wholly inside block p of b (its ends share pages with its
+ * neighbours; its gap, with its link and state, is past its end). Its
+ * freer's, before it is pushed. */
+static void l25_block_decommit(struct l25_bundle *b, void *p) {
+    uintptr_t lo = hak_align_up((uintptr_t)p, HAK_PAGE_SIZE);
+    uintptr_t hi = ((uintptr_t)p + b->size) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+    if (hi > lo && os_decommit((void *)lo, hi - lo))
+        atomic_fetch_add_explicit(&l25_free_decommitted, hi - lo, memory_order_relaxed);
+}
+
 void l25_free_other(void *p, struct l25_bundle *b) {
     if (b->owner == L25_SHARED) {
         l25_put(p);
@@ -890,6 +923,8 @@ void l25_free_other(void *p, struct l25_bundle *b) {
     /* Onto the owner's remote stack: the bundle keeps p counted out until
      * its owner drains it, so it stays mapped; heaps are never unmapped. */
     struct l25_heap *h = b->owner;
+    uint64_t now = hak_now_ms(), active = atomic_load_explicit(&h->active_ms, memory_order_relaxed);
+    if (now > active && now - active >= hak_cfg.bigcache_age_ms) l25_block_decommit(b, p);
     void **link = (void **)((uint8_t *)p + b->size);
     void *old = atomic_load_explicit(&h->remote, memory_order_relaxed);
     do {
@@ -1021,6 +1056,32 @@ void l25_thread_age(void) {
     if (hak_tc.l25) l25_heap_age(hak_tc.l25, hak_now_ms());
 }
 
+/* The pages of the blocks on h's remote stack (not h's: its owner may be
+ * at work), given back: the stack taken whole (the owner's next take finds
+ * the blocks pushed since), the blocks' pages decommitted, the stack put
+ * back. The blocks stay out of their bundles until the owner takes them. */
+static bool l25_remote_decommit(struct l25_heap *h) {
+    if (atomic_load_explicit(&h->remote, memory_order_relaxed) == NULL) return false;
+    void *first = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire), *last = NULL;
+    uint64_t before = atomic_load_explicit(&l25_free_decommitted, memory_order_relaxed);
+    for (void *p = first; p;) {
+        struct l25_bundle *b = l25_bundle_of(rmap_get(p));
+        l25_block_decommit(b, p);
+        last = p;
+        p = *(void **)((uint8_t *)p + b->size);
+    }
+    if (last) {
+        struct l25_bundle *lb = l25_bundle_of(rmap_get(last));
+        void **link = (void **)((uint8_t *)last + lb->size);
+        void *old = atomic_load_explicit(&h->remote, memory_order_relaxed);
+        do {
+            *link = old;
+        } while (!atomic_compare_exchange_weak_explicit(
+            &h->remote, &old, first, memory_order_release, memory_order_relaxed));
+    }
+    return atomic_load_explicit(&l25_free_decommitted, memory_order_relaxed) != before;
+}
+
 bool l25_trim(void) {
     bool released = false;
     /* This thread's heap, and those of exited threads (ours while we hold
@@ -1030,6 +1091,10 @@ bool l25_trim(void) {
     hak_lock(&l25_heap_lock);
     for (struct l25_heap *h = l25_heaps_free; h; h = h->next_free)
         released |= l25_heap_trim(h);
+    /* Live threads' heaps are theirs, but not the blocks other threads
+     * freed to them: a thread that went idle would keep those for good. */
+    for (struct l25_heap *h = l25_heaps_all; h; h = h->next_all)
+        if (h != hak_tc.l25) released |= l25_remote_decommit(h);
     hak_unlock(&l25_heap_lock);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {

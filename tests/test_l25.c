@@ -17,6 +17,7 @@
 
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -799,9 +800,45 @@ static void test_spare_of_same_class_first(void **state) {
     malloc_trim(0);
 }
 
+/* Blocks freed to a thread that is alive but idle (a producer waiting for
+ * work) sit on its remote stack: malloc_trim from another thread gives
+ * their pages back (they stayed resident for good). */
+static _Atomic int idle_step;
+static uint8_t *idle_blocks[16];
+
+static void *idle_producer(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 16; i++)
+        memset(idle_blocks[i] = malloc(256 << 10), 0x77, 256 << 10);
+    atomic_store(&idle_step, 1);
+    while (atomic_load(&idle_step) != 2)
+        sched_yield(); /* idle: no allocator call */
+    return NULL;
+}
+
+static void test_trim_reaches_blocks_freed_to_idle_thread(void **state) {
+    (void)state;
+    pthread_t t;
+    atomic_store(&idle_step, 0);
+    assert_int_equal(pthread_create(&t, NULL, idle_producer, NULL), 0);
+    while (atomic_load(&idle_step) != 1)
+        sched_yield();
+    for (int i = 0; i < 16; i++)
+        free(idle_blocks[i]);
+    malloc_trim(0);
+    /* (A block's first and last pages may be shared with a neighbour.) */
+    size_t resident = 0;
+    for (int i = 0; i < 16; i++)
+        resident += maps_resident(idle_blocks[i] + (128 << 10));
+    atomic_store(&idle_step, 2);
+    pthread_join(t, NULL);
+    assert_int_equal(resident, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
+        cmocka_unit_test(test_trim_reaches_blocks_freed_to_idle_thread),
         cmocka_unit_test(test_blocks_coloured_aligned_ones_not),
         cmocka_unit_test(test_cache_capped_and_spills),
         cmocka_unit_test(test_thread_exit_returns_cache),
