@@ -32,7 +32,8 @@ struct pool_heap {
     size_t next_size;                        /* bytes of the next chunk */
     _Atomic(void *) next_free;               /* on pool_heaps */
 };
-#define POOL_HEAP_LINK offsetof(struct pool_heap, next_free)
+#define POOL_HEAP_CHUNK (64 * 1024)
+#define POOL_HEAP_LINK  offsetof(struct pool_heap, next_free)
 
 /* Heaps of exited threads (their chunks and spares with them) and never
  * used ones: a lock-free stack (box/lfstack.h; heaps are never unmapped), so
@@ -75,13 +76,11 @@ static void pool_flush_counts(void) {
 static struct pool_heap *pool_heap_get(void) {
     struct pool_heap *h = lf_pop(&pool_heaps, POOL_HEAP_LINK);
     if (h == NULL) {
-        /* A new chunk of heaps: one for us, the rest for the next threads. */
-        size_t chunk = 64 * 1024, n = chunk / sizeof *h;
-        struct pool_heap *c = arena_meta(chunk); /* zeroed */
+        /* A new chunk of heaps (zeroed): one for us, the rest for the next
+         * threads. */
+        struct pool_heap *c = arena_meta(POOL_HEAP_CHUNK);
         if (c == NULL) return NULL;
-        for (size_t i = 1; i + 1 < n; i++)
-            atomic_store_explicit(&c[i].next_free, &c[i + 1], memory_order_relaxed);
-        lf_push_chain(&pool_heaps, &c[1], &c[n - 1], POOL_HEAP_LINK);
+        lf_push_fresh(&pool_heaps, c, POOL_HEAP_CHUNK / sizeof *c, sizeof *c, POOL_HEAP_LINK);
         h = c;
     }
     /* An exited thread's heap: its chunks come along. */

@@ -38,8 +38,9 @@ struct tiny_heap {
     struct ss_slab *spare[TINY_SPARES];              /* empty slabs kept, newest first */
     _Atomic(void *) next_free;                       /* on tiny_heaps */
 };
-#define TINY_HEAP_LINK offsetof(struct tiny_heap, next_free)
-#define TINY_SLAB_LINK offsetof(struct ss_slab, next)
+#define TINY_HEAP_CHUNK (64 * 1024)
+#define TINY_HEAP_LINK  offsetof(struct tiny_heap, next_free)
+#define TINY_SLAB_LINK  offsetof(struct ss_slab, next)
 
 /* Heaps of exited threads (and never used ones), and the slabs exited
  * threads left with blocks out, per class: lock-free stacks (box/lfstack.h),
@@ -102,13 +103,11 @@ static void tiny_list_unlink(struct tiny_heap *h, struct ss_slab *s) {
 static struct tiny_heap *tiny_heap_get(void) {
     struct tiny_heap *h = lf_pop(&tiny_heaps, TINY_HEAP_LINK);
     if (h == NULL) {
-        /* A new chunk of heaps: one for us, the rest for the next threads. */
-        size_t chunk = 64 * 1024, n = chunk / sizeof *h;
-        struct tiny_heap *c = arena_meta(chunk); /* zeroed */
+        /* A new chunk of heaps (zeroed): one for us, the rest for the next
+         * threads. */
+        struct tiny_heap *c = arena_meta(TINY_HEAP_CHUNK);
         if (c == NULL) return NULL;
-        for (size_t i = 1; i + 1 < n; i++)
-            atomic_store_explicit(&c[i].next_free, &c[i + 1], memory_order_relaxed);
-        lf_push_chain(&tiny_heaps, &c[1], &c[n - 1], TINY_HEAP_LINK);
+        lf_push_fresh(&tiny_heaps, c, TINY_HEAP_CHUNK / sizeof *c, sizeof *c, TINY_HEAP_LINK);
         return c;
     }
     /* Cleared field by field: next_free may still be read by a popper that

@@ -71,6 +71,20 @@ static inline void *lf_pop(struct lf_stack *s, size_t link_off) {
     return rec;
 }
 
+/* A fresh array of n records of `size` bytes at `recs`: the first is the
+ * caller's, the others pushed (a chunk of heaps: one for the thread that
+ * needed it, the rest for the next ones). */
+static inline void *lf_push_fresh(struct lf_stack *s, void *recs, size_t n, size_t size,
+                                  size_t link_off) {
+    char *r = recs;
+    if (n < 2) return recs;
+    for (size_t i = 1; i + 1 < n; i++)
+        atomic_store_explicit(lf_link(r + i * size, link_off), r + (i + 1) * size,
+                              memory_order_relaxed);
+    lf_push_chain(s, r + size, r + (n - 1) * size, link_off);
+    return recs;
+}
+
 /* Every record at once (a chain, linked at link_off), or NULL: a load first,
  * so an empty stack costs no locked instruction. */
 static inline void *lf_take_all(struct lf_stack *s) {
