@@ -553,6 +553,7 @@ static void l25_put(void *p) {
 #define L25_SPARE_MAX       256 /* empty bundles no heap keeps */
 #define L25_SPARE_COMMITTED 16  /* of them, with their pages */
 #define L25_HEAP_COMMITTED  2   /* empty bundles a heap keeps with their pages */
+#define L25_HEAP_COMMITTED  2   /* empty bundles a heap keeps with their pages */
 
 /* Empty bundles no heap keeps (past a heap's bound), by class, at most
  * L25_SPARE_MAX of them: any heap short of a bundle takes one of its class,
@@ -734,10 +735,17 @@ static bool l25_heap_tidy(struct l25_heap *h, uint64_t now, bool all) {
             released = true;
         }
     }
+    uint32_t kept = 0;
     for (struct l25_bundle *b = h->empty, *next; b && b->committed; b = next) {
         next = b->next;
-        /* (empty_ms may be later than a now read before the walk) */
-        if (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
+        /* (empty_ms may be later than a now read before the walk.) The
+         * newest L25_HEAP_COMMITTED keep their pages until the age: a
+         * thread that goes idle holds no more. */
+        if (kept < L25_HEAP_COMMITTED &&
+            (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms)) {
+            kept++;
+            continue;
+        }
         l25_heap_empty_unlink(h, b);
         released |= l25_bundle_decommit(b);
         b->committed = false;
@@ -946,10 +954,15 @@ void l25_thread_exit(void) {
     /* Its empty bundles to the spares, which the tier's pass ages whoever
      * calls (a parked heap is aged only by the background thread): with
      * none, the ones past the spares' bound unmapped. */
-    while (h->empty) {
-        struct l25_bundle *b = h->empty;
+    /* (Last first: the committed ones, at the front, end on top.) */
+    struct l25_bundle *b = h->empty;
+    while (b && b->next)
+        b = b->next;
+    while (b) {
+        struct l25_bundle *prev = b->prev;
         l25_heap_empty_unlink(h, b);
         if (!l25_spare_put(b)) l25_bundle_unmap(b);
+        b = prev;
     }
     hak_tc.l25 = NULL;
     hak_lock(&l25_heap_lock);
