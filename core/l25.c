@@ -552,8 +552,6 @@ static void l25_put(void *p) {
 #define L25_HEAP_EMPTY_MAX  8   /* empty bundles a heap keeps (any class) */
 #define L25_SPARE_MAX       256 /* empty bundles no heap keeps */
 #define L25_SPARE_COMMITTED 16  /* of them, with their pages */
-#define L25_HEAP_COMMITTED  2   /* empty bundles a heap keeps with their pages */
-#define L25_HEAP_COMMITTED  2   /* empty bundles a heap keeps with their pages */
 
 /* Empty bundles no heap keeps (past a heap's bound), by class, at most
  * L25_SPARE_MAX of them: any heap short of a bundle takes one of its class,
@@ -735,17 +733,10 @@ static bool l25_heap_tidy(struct l25_heap *h, uint64_t now, bool all) {
             released = true;
         }
     }
-    uint32_t kept = 0;
     for (struct l25_bundle *b = h->empty, *next; b && b->committed; b = next) {
         next = b->next;
-        /* (empty_ms may be later than a now read before the walk.) The
-         * newest L25_HEAP_COMMITTED keep their pages until the age: a
-         * thread that goes idle holds no more. */
-        if (kept < L25_HEAP_COMMITTED &&
-            (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms)) {
-            kept++;
-            continue;
-        }
+        /* (empty_ms may be later than a now read before the walk) */
+        if (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
         l25_heap_empty_unlink(h, b);
         released |= l25_bundle_decommit(b);
         b->committed = false;
