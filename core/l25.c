@@ -909,6 +909,17 @@ void l25_free_slow(void *p, uint32_t cls) {
     tc_push(cls, p);
 }
 
+/* Push the chain from first (linked through the first word of each block's
+ * gap) to the block whose link is at last_link onto h's remote stack: one
+ * compare-and-swap. */
+static void l25_remote_push(struct l25_heap *h, void *first, void **last_link) {
+    void *old = atomic_load_explicit(&h->remote, memory_order_relaxed);
+    do {
+        *last_link = old;
+    } while (!atomic_compare_exchange_weak_explicit(&h->remote, &old, first, memory_order_release,
+                                                    memory_order_relaxed));
+}
+
 /* The pages wholly inside block p of b (its ends share pages with its
  * neighbours; its gap, with its link and state, is past its end). Its
  * freer's, before it is pushed. */
@@ -929,12 +940,7 @@ void l25_free_other(void *p, struct l25_bundle *b) {
     struct l25_heap *h = b->owner;
     uint64_t now = hak_now_ms(), active = atomic_load_explicit(&h->active_ms, memory_order_relaxed);
     if (now > active && now - active >= hak_cfg.bigcache_age_ms) l25_block_decommit(b, p);
-    void **link = (void **)((uint8_t *)p + b->size);
-    void *old = atomic_load_explicit(&h->remote, memory_order_relaxed);
-    do {
-        *link = old;
-    } while (!atomic_compare_exchange_weak_explicit(&h->remote, &old, p, memory_order_release,
-                                                    memory_order_relaxed));
+    l25_remote_push(h, p, (void **)((uint8_t *)p + b->size));
 }
 
 void l25_thread_flush(void) {
@@ -1081,12 +1087,7 @@ static bool l25_remote_decommit(struct l25_heap *h) {
     }
     if (last) {
         struct l25_bundle *lb = l25_bundle_of(rmap_get(last));
-        void **link = (void **)((uint8_t *)last + lb->size);
-        void *old = atomic_load_explicit(&h->remote, memory_order_relaxed);
-        do {
-            *link = old;
-        } while (!atomic_compare_exchange_weak_explicit(
-            &h->remote, &old, first, memory_order_release, memory_order_relaxed));
+        l25_remote_push(h, first, (void **)((uint8_t *)last + lb->size));
     }
     return atomic_load_explicit(&l25_free_decommitted, memory_order_relaxed) != before;
 }

@@ -373,26 +373,19 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
 
 /* ---- thread exit, trim, fork ----------------------------------------------------- */
 
-/* Slabs on their way to a class's orphans, pushed there in one step. */
-struct tiny_chain {
-    struct ss_slab *first, *last;
-};
-
 /* Drain s; give it back if empty (true), else add it to c, ownerless. */
-static bool tiny_let_go(struct ss_slab *s, struct tiny_chain *c) {
+static bool tiny_let_go(struct ss_slab *s, struct ss_chain *c) {
     tiny_drain(s);
     if (s->used == 0) {
         ss_release(s);
         return true;
     }
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_release);
-    ss_slab_link(s, c->first);
-    c->first = s;
-    if (c->last == NULL) c->last = s;
+    ss_chain_add(c, s);
     return false;
 }
 
-static void tiny_orphan(uint32_t cls, const struct tiny_chain *c) {
+static void tiny_orphan(uint32_t cls, const struct ss_chain *c) {
     if (c->first) lf_push_chain(&tiny_orphans[cls], c->first, c->last, TINY_SLAB_LINK);
 }
 
@@ -402,7 +395,7 @@ static void tiny_heap_exit(struct tiny_heap *h) {
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
-        struct tiny_chain c = {NULL, NULL};
+        struct ss_chain c = {NULL, NULL};
         for (int l = 0; l < 3; l++) {
             for (struct ss_slab *s = lists[l], *next; s; s = next) {
                 next = l ? s->next : NULL; /* cur is a single slab */
@@ -458,7 +451,7 @@ bool tiny_trim(void) {
     /* Orphans whose blocks all came back to them: the class's all taken
      * (ours to drain meanwhile), the others put back. */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        struct tiny_chain c = {NULL, NULL};
+        struct ss_chain c = {NULL, NULL};
         for (struct ss_slab *s = lf_take_all(&tiny_orphans[cls]), *next; s; s = next) {
             next = s->next;
             any |= tiny_let_go(s, &c);

@@ -48,6 +48,11 @@ static struct superslab *ss_partial; /* SuperSlabs with an UNUSED slot */
 static _Atomic bool ss_have_partial;
 static struct { struct lf_stack s; } __attribute__((aligned(64))) ss_empty[TINY_NCLASSES];
 #define SS_SLAB_LINK offsetof(struct ss_slab, next)
+
+/* A chain of class cls's EMPTY slabs back onto its stack. */
+static void ss_push_chain(uint32_t cls, const struct ss_chain *c) {
+    if (c->first) lf_push_chain(&ss_empty[cls].s, c->first, c->last, SS_SLAB_LINK);
+}
 static struct superslab *ss_cache; /* all-empty, decommitted */
 /* SuperSlabs whose retire found a slab missing, as when a purge pass held
  * it: the pass tries them again once it has put its slabs back (one whose
@@ -395,23 +400,18 @@ static void ss_try_retire(struct superslab *ss) {
     struct ss_slab *mine = NULL;
     for (uint32_t m = classes; m; m &= m - 1) {
         uint32_t c = (uint32_t)__builtin_ctz(m);
-        struct ss_slab *keep = NULL, *keep_last = NULL;
+        struct ss_chain keep = {NULL, NULL};
         for (struct ss_slab *s = lf_take_all(&ss_empty[c].s), *next; s; s = next) {
             next = s->next;
             if (ss_of(s) == ss) {
                 ss_slab_link(s, mine);
                 mine = s;
                 found++;
-                continue;
+            } else {
+                ss_chain_add(&keep, s);
             }
-            ss_slab_link(s, NULL);
-            if (keep_last)
-                ss_slab_link(keep_last, s);
-            else
-                keep = s;
-            keep_last = s;
         }
-        if (keep) lf_push_chain(&ss_empty[c].s, keep, keep_last, SS_SLAB_LINK);
+        ss_push_chain(c, &keep);
     }
     if (found == (uint32_t)__builtin_popcount(used) &&
         atomic_load_explicit(&ss->nactive, memory_order_acquire) == 0)
@@ -536,30 +536,21 @@ static bool ss_purge_pass(bool all) {
     atomic_thread_fence(memory_order_seq_cst);
     bool left = false; /* a slot empty since this pass only */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        struct ss_slab *keep = NULL, *keep_last = NULL, *todo = NULL, *todo_last = NULL;
+        struct ss_chain keep = {NULL, NULL}, todo = {NULL, NULL};
         for (struct ss_slab *s = lf_take_all(&ss_empty[cls].s), *next; s; s = next) {
             next = s->next;
-            ss_slab_link(s, NULL);
             /* A slot purged before is carved 0: nothing of it is resident. */
             bool due = s->carved != 0 && (all || s->epoch != epoch);
             if (due && n < max) {
                 n++;
-                if (todo_last)
-                    ss_slab_link(todo_last, s);
-                else
-                    todo = s;
-                todo_last = s;
+                ss_chain_add(&todo, s);
             } else {
                 left |= s->carved != 0;
-                if (keep_last)
-                    ss_slab_link(keep_last, s);
-                else
-                    keep = s;
-                keep_last = s;
+                ss_chain_add(&keep, s);
             }
         }
-        if (keep) lf_push_chain(&ss_empty[cls].s, keep, keep_last, SS_SLAB_LINK);
-        for (struct ss_slab *s = todo; s; s = s->next) {
+        ss_push_chain(cls, &keep);
+        for (struct ss_slab *s = todo.first; s; s = s->next) {
             /* (Locked pages stay as they are.) */
             if (os_decommit(ss_slab_base(s), SS_SLOT_SIZE)) {
                 ss_note_uncarved(s);
@@ -568,7 +559,7 @@ static bool ss_purge_pass(bool all) {
                 ss_count(SC_PURGED, 1);
             }
         }
-        if (todo) lf_push_chain(&ss_empty[cls].s, todo, todo_last, SS_SLAB_LINK);
+        ss_push_chain(cls, &todo);
     }
     atomic_store_explicit(&ss_epoch, (uint8_t)(epoch + 1), memory_order_relaxed);
     if (left || n >= max) ss_set_dirty();

@@ -98,6 +98,21 @@ static inline void ss_slab_link(struct ss_slab *s, struct ss_slab *next) {
     __atomic_store_n(&s->next, next, __ATOMIC_RELAXED);
 }
 
+/* Slabs gathered in order into a chain (linked through next), to go onto a
+ * lock-free stack in one push. */
+struct ss_chain {
+    struct ss_slab *first, *last;
+};
+
+static inline void ss_chain_add(struct ss_chain *c, struct ss_slab *s) {
+    ss_slab_link(s, NULL);
+    if (c->last)
+        ss_slab_link(c->last, s);
+    else
+        c->first = s;
+    c->last = s;
+}
+
 /* Slab lists (doubly linked through next/prev), used by the heaps. */
 static inline void ss_slab_push(struct ss_slab **head, struct ss_slab *s) {
     s->prev = NULL;
