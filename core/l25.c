@@ -548,36 +548,32 @@ static void l25_put(void *p) {
 
 /* ---- heaps: bundles owned by a thread --------------------------------------------- */
 
-#define L25_NCLASSES             (SMALL_NCLASSES - SMALL_FIRST)
-#define L25_HEAP_EMPTY_MAX       8   /* empty bundles a heap keeps (any class) */
-#define L25_SPARE_MAX            256 /* empty bundles no heap keeps */
-#define L25_SPARE_COMMITTED      16  /* of them, with their pages, from exiting threads */
-#define L25_SPARE_COMMITTED_LIVE 48  /* and from live heaps past their bound */
+#define L25_NCLASSES       (SMALL_NCLASSES - SMALL_FIRST)
+#define L25_HEAP_EMPTY_MAX 8   /* empty bundles a heap keeps (any class) */
+#define L25_SPARE_MAX      256 /* empty bundles no heap keeps */
 
-/* Empty bundles no heap keeps (past a heap's bound), by class, at most
- * L25_SPARE_MAX of them: any heap short of a bundle takes one of its class,
- * else one of another class with the same span, recut (a thread that freed
- * a burst hands its pages to one that allocates the next). One
- * compare-and-swap a bundle, no lock; aged by the tier's pass (l25_age),
- * emptied by malloc_trim. */
+/* Empty bundles no heap keeps (past a heap's bound, or an exiting
+ * thread's), by class, at most L25_SPARE_MAX of them: any heap short of a
+ * bundle takes one of its class, else one of another class with the same
+ * span, recut (a thread that freed a burst, or exited, hands its pages to
+ * one that allocates the next). One compare-and-swap a bundle, no lock;
+ * aged by the tier's pass (l25_age), emptied by malloc_trim. */
 static struct lf_stack l25_spare[L25_NCLASSES];
 static _Atomic uint32_t l25_nspare;
 #define L25_SPARE_LINK offsetof(struct l25_bundle, spare_next)
 
-/* b (empty, on no list) onto the spares; false when they are full. An
- * exiting thread's past the first L25_SPARE_COMMITTED go decommitted:
- * nothing ages the spares in a program whose calls all hit the thread
- * caches, and no thread of its is left to take them soon. (A live heap's
- * overflow stays committed: another heap takes it back the next moment,
- * and decommitted, its pages faulted back in: a ring of 64-512 KiB blocks
- * at 8 threads, two thirds of the speed.) */
-static bool l25_spare_put(struct l25_bundle *b, bool exiting) {
-    uint32_t n = atomic_load_explicit(&l25_nspare, memory_order_relaxed);
-    if (n >= L25_SPARE_MAX) return false;
-    if (b->committed && n >= (exiting ? L25_SPARE_COMMITTED : L25_SPARE_COMMITTED_LIVE)) {
-        l25_bundle_decommit(b);
-        b->committed = false; /* (refused, mlockall: its pages are locked anyway) */
-    }
+/* b (empty, on no list) onto the spares, its pages kept; false when they
+ * are full. Spares with pages held at most what the program had resident a
+ * moment ago, and go when unused for the age (l25_spares_age, from any
+ * thread's slow path or the background thread): a burst's and an exiting
+ * thread's bundles are taken back by the next ones, and decommitted, their
+ * pages faulted back in cost more than the program's own work (mimalloc's
+ * test-stress, 16 threads re-created 25 times: decommitting an exiting
+ * thread's past the first 16 spares and a live heap's past 48 made 350,000
+ * more page faults and 1.9x mimalloc 3.4's time; a bound of 128 MiB, 1.3x
+ * at 32 threads). */
+static bool l25_spare_put(struct l25_bundle *b) {
+    if (atomic_load_explicit(&l25_nspare, memory_order_relaxed) >= L25_SPARE_MAX) return false;
     atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
     lf_push(&l25_spare[b->cls - SMALL_FIRST], b, L25_SPARE_LINK);
     return true;
@@ -733,7 +729,7 @@ static bool l25_heap_tidy(struct l25_heap *h, uint64_t now, bool all) {
         while (last->next)
             last = last->next;
         l25_heap_empty_unlink(h, last);
-        if (all || !l25_spare_put(last, false)) {
+        if (all || !l25_spare_put(last)) {
             l25_bundle_unmap(last);
             released = true;
         }
@@ -963,7 +959,7 @@ void l25_thread_exit(void) {
     while (b) {
         struct l25_bundle *prev = b->prev;
         l25_heap_empty_unlink(h, b);
-        if (!l25_spare_put(b, true)) l25_bundle_unmap(b);
+        if (!l25_spare_put(b)) l25_bundle_unmap(b);
         b = prev;
     }
     hak_tc.l25 = NULL;

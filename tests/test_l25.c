@@ -749,6 +749,40 @@ static void test_exited_threads_empty_bundles_age(void **state) {
     malloc_trim(0);
 }
 
+enum { THIRTY = 7 * 30 }; /* 256 KiB blocks, 7 a bundle */
+
+static void *empty_thirty_bundles(void *arg) {
+    uint8_t **b = arg;
+    for (int i = 0; i < THIRTY; i++)
+        memset(b[i] = malloc(256 << 10), 0x6b, 256 << 10);
+    for (int i = 0; i < THIRTY; i++)
+        free(b[i]);
+    return NULL;
+}
+
+/* The empty bundles of a thread that exited, and a live heap's past its
+ * bound, keep their pages until they age: the next threads take them back
+ * with no page fault and no new mapping (mimalloc's test-stress re-creates
+ * its threads every round: with only the first 16 of an exiting thread's
+ * kept and 48 of a live heap's, 350 000 more page faults, 1.9x mimalloc
+ * 3.4's time). */
+static void test_exited_threads_bundles_keep_pages(void **state) {
+    (void)state;
+    malloc_trim(0);
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    hak_cfg.bigcache_age_ms = 3600000; /* (no ageing while it runs) */
+    static uint8_t *b[THIRTY];
+    run_in_thread(empty_thirty_bundles, b);
+    size_t resident = resident_blocks(b, THIRTY, 256 << 10);
+    uint64_t mapped = stats().bundles_mapped;
+    run_in_thread(empty_thirty_bundles, b);
+    hak_cfg.bigcache_age_ms = age;
+    assert_int_equal(resident, THIRTY);
+    assert_int_equal(stats().bundles_mapped, mapped);
+    malloc_trim(0);
+    assert_int_equal(stats().bytes_mapped, 0);
+}
+
 static pthread_barrier_t allocated, go_free;
 
 /* Blocks of one size, their first bytes written with a pattern; freed (and
@@ -867,6 +901,7 @@ int main(void) {
         cmocka_unit_test(test_cache_holds_eight),
         cmocka_unit_test(test_spare_bundles_serve_other_heaps),
         cmocka_unit_test(test_exited_threads_empty_bundles_age),
+        cmocka_unit_test(test_exited_threads_bundles_keep_pages),
         cmocka_unit_test(test_spare_of_same_class_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
