@@ -197,10 +197,6 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard, struct l2
         l25_desc_put(b, span, false);
         return NULL;
     }
-    /* Huge pages, as a Large mapping's: blocks of 56 KiB up are mostly
-     * written whole, and a first touch then faults 2 MiB in, not 4 KiB
-     * (see docs/DESIGN.md, L2.5: the cost is RSS where blocks are not). */
-    if (hak_cfg.hugepages) os_hugepages(base, span);
     l25_bundle_format(b, cls, shard, base, span, idx);
     b->owner = owner;
     /* Published in the region map only once the descriptor is complete. */

@@ -33,35 +33,6 @@ static inline bool maps_perms(const void *p, char perms[5]) {
     return false;
 }
 
-/* True when the mapping holding p has VmFlags `flag` ("hg": asked for huge
- * pages) in /proc/self/smaps. Allocates nothing. */
-static inline bool maps_flag(const void *p, const char *flag) {
-    static char buf[1 << 23];
-    if (proc_read("/proc/self/smaps", buf, sizeof buf) < 0) return false;
-    bool in = false;
-    for (char *line = buf; *line;) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        char *dash = strchr(line, '-'), *space = strchr(line, ' ');
-        if (dash && space && dash < space && strncmp(line, "VmFlags:", 8) != 0) {
-            char *end;
-            uintptr_t lo = strtoull(line, &end, 16);
-            if (end == dash) {
-                uintptr_t hi = strtoull(dash + 1, &end, 16);
-                in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-            }
-        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
-            size_t n = strlen(flag);
-            for (char *f = line + 8; (f = strstr(f, flag)) != NULL; f += n)
-                if (f[-1] == ' ' && (f[n] == ' ' || f[n] == 0)) return true;
-            return false;
-        }
-        if (nl == NULL) break;
-        line = nl + 1;
-    }
-    return false;
-}
-
 /* True when the mapping holding p is writable. */
 static inline bool maps_writable(const void *p) {
     char perms[5];

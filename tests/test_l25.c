@@ -22,7 +22,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
-#include <unistd.h>
 
 static struct l25_stats stats(void) {
     struct l25_stats s;
@@ -784,28 +783,6 @@ static void test_exited_threads_bundles_keep_pages(void **state) {
     assert_int_equal(stats().bytes_mapped, 0);
 }
 
-/* A bundle asks for huge pages with HAKMEM_HUGEPAGES (a first touch faults
- * 2 MiB in, not 4 KiB: a ring of 64-512 KiB blocks took 12 600 faults and
- * half of mimalloc 3.4's throughput without), and not without. */
-static void test_bundles_ask_for_hugepages(void **state) {
-    (void)state;
-    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0)
-        skip(); /* no THP in this kernel: the option falls back silently */
-    bool was = hak_cfg.hugepages;
-    for (int on = 0; on < 2; on++) {
-        malloc_trim(0);
-        hak_cfg.hugepages = on;
-        uint64_t mapped = stats().bundles_mapped;
-        void *p = malloc(256 << 10);
-        bool fresh = stats().bundles_mapped == mapped + 1, hg = maps_flag(p, "hg");
-        free(p);
-        hak_cfg.hugepages = was;
-        assert_true(fresh);
-        assert_int_equal(hg, on);
-    }
-    malloc_trim(0);
-}
-
 static pthread_barrier_t allocated, go_free;
 
 /* Blocks of one size, their first bytes written with a pattern; freed (and
@@ -925,7 +902,6 @@ int main(void) {
         cmocka_unit_test(test_spare_bundles_serve_other_heaps),
         cmocka_unit_test(test_exited_threads_empty_bundles_age),
         cmocka_unit_test(test_exited_threads_bundles_keep_pages),
-        cmocka_unit_test(test_bundles_ask_for_hugepages),
         cmocka_unit_test(test_spare_of_same_class_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -310,18 +310,39 @@ static void test_unused_entries_decommitted_then_unmapped(void **state) {
              AGE_FIRST_MS, (unsigned long long)age / 2);
 }
 
+/* True when the mapping holding p has VmFlags `flag` in /proc/self/smaps. */
+static bool smaps_flag(const void *p, const char *flag) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    assert_non_null(f);
+    char line[512];
+    bool in = false, found = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            char needle[8];
+            snprintf(needle, sizeof needle, " %s", flag);
+            found = strstr(line, needle) != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
 static void test_hugepages_option(void **state) {
     (void)state;
     if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0)
         skip(); /* no THP in this kernel: the option falls back silently */
     malloc_trim(0);
     uint8_t *p = malloc(8 * MiB);
-    assert_false(maps_flag(p, "hg"));
+    assert_false(smaps_flag(p, "hg"));
     free(p);
     malloc_trim(0);
     hak_cfg.hugepages = true;
     p = malloc(8 * MiB);
-    assert_true(maps_flag(p, "hg"));
+    assert_true(smaps_flag(p, "hg"));
     memset(p, 1, 8 * MiB);
     free(p);
     malloc_trim(0);
@@ -478,7 +499,7 @@ static void test_realloc_grown_block_grows_in_place(void **state) {
     /* The room is not reported as usable (programs count memory by it). */
     assert_int_equal(malloc_usable_size(p), 8192 - 64);
     assert_int_equal(lstats().live_bytes - live, 2 * MiB);
-    assert_false(maps_flag(p, "hg"));
+    assert_false(smaps_flag(p, "hg"));
     assert_false(maps_resident(p + MiB)); /* room is address space only */
     uint64_t before = os_total(), advised = os_calls(OS_MADVISE);
     size_t n = 5000;
@@ -791,7 +812,7 @@ static void test_small_pages_entry_gets_huge_pages(void **state) {
     uint8_t *g = realloc(malloc(100), 5000);
     free(g);
     uint8_t *p = malloc(64 * MiB);
-    assert_true(maps_flag(p, "hg"));
+    assert_true(smaps_flag(p, "hg"));
     free(p);
 }
 
