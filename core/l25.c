@@ -562,27 +562,55 @@ static struct lf_stack l25_spare[L25_NCLASSES];
 static _Atomic uint32_t l25_nspare;
 #define L25_SPARE_LINK offsetof(struct l25_bundle, spare_next)
 
-/* b (empty, on no list) onto the spares, its pages kept; false when they
- * are full. Spares with pages held at most what the program had resident a
- * moment ago, and go when unused for the age (l25_spares_age, from any
- * thread's slow path or the background thread): a burst's and an exiting
- * thread's bundles are taken back by the next ones, and decommitted, their
+/* Bytes of the spares that keep their pages (see l25_spare_put). */
+static _Atomic size_t l25_spare_hot;
+
+/* The spares keep their pages up to twice the BigCache's bound
+ * (HAKMEM_BIGCACHE_MB: what the program lets the allocator keep for reuse;
+ * 256 MiB by default), the rest decommitted as they come. A burst's and an
+ * exiting thread's bundles are taken back by the next threads, and their
  * pages faulted back in cost more than the program's own work (mimalloc's
- * test-stress, 16 threads re-created 25 times: decommitting an exiting
- * thread's past the first 16 spares and a live heap's past 48 made 350,000
- * more page faults and 1.9x mimalloc 3.4's time; a bound of 128 MiB, 1.3x
- * at 32 threads). */
+ * test-stress, 16 threads re-created 25 times: keeping only the first 16
+ * of an exiting thread's and 48 of a live heap's made 350 000 more page
+ * faults, 1.9x mimalloc 3.4's time; 128 MiB, 1.3x). But only the tier's
+ * pass ages them (l25_spares_age, on a slow path of any thread, or the
+ * background thread): a program whose calls then all hit the thread caches
+ * keeps them, so they are bounded in bytes too (16 threads that freed 64
+ * MiB each and exited: 1.2 GiB kept for good without one). */
+static inline size_t l25_spare_hot_max(void) {
+    return 2 * hak_cfg.bigcache_bytes;
+}
+
+/* b (empty, on no list) onto the spares, its pages kept while the bound
+ * allows; false when the spares are full. */
 static bool l25_spare_put(struct l25_bundle *b) {
     if (atomic_load_explicit(&l25_nspare, memory_order_relaxed) >= L25_SPARE_MAX) return false;
+    if (b->committed) {
+        size_t hot = atomic_fetch_add_explicit(&l25_spare_hot, b->span, memory_order_relaxed);
+        if (hot + b->span > l25_spare_hot_max()) {
+            atomic_fetch_sub_explicit(&l25_spare_hot, b->span, memory_order_relaxed);
+            l25_bundle_decommit(b);
+            b->committed = false; /* (refused, mlockall: its pages are locked anyway) */
+        }
+    }
     atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
     lf_push(&l25_spare[b->cls - SMALL_FIRST], b, L25_SPARE_LINK);
     return true;
 }
 
+/* b, just taken off the spares (to be used, decommitted or unmapped), no
+ * longer counted there. */
+static void l25_spare_gone(const struct l25_bundle *b) {
+    if (b->committed) atomic_fetch_sub_explicit(&l25_spare_hot, b->span, memory_order_relaxed);
+}
+
 static struct l25_bundle *l25_spare_pop(struct lf_stack *s) {
     if (lf_addr(atomic_load_explicit(&s->top, memory_order_relaxed)) == NULL) return NULL;
     struct l25_bundle *b = lf_pop(s, L25_SPARE_LINK);
-    if (b) atomic_fetch_sub_explicit(&l25_nspare, 1, memory_order_relaxed);
+    if (b) {
+        atomic_fetch_sub_explicit(&l25_nspare, 1, memory_order_relaxed);
+        l25_spare_gone(b);
+    }
     return b;
 }
 
@@ -612,11 +640,13 @@ static bool l25_spares_age(uint64_t now, bool all) {
             struct l25_bundle *next = atomic_load_explicit(&b->spare_next, memory_order_relaxed);
             uint64_t idle = now > b->empty_ms ? now - b->empty_ms : 0;
             if (all || (!b->committed && idle >= 2 * age)) {
+                l25_spare_gone(b);
                 l25_bundle_unmap(b);
                 released = true;
                 gone++;
             } else {
                 if (b->committed && idle >= age) {
+                    l25_spare_gone(b);
                     released |= l25_bundle_decommit(b);
                     b->committed = false;
                 }

@@ -783,6 +783,27 @@ static void test_exited_threads_bundles_keep_pages(void **state) {
     assert_int_equal(stats().bytes_mapped, 0);
 }
 
+/* ...but no more than twice HAKMEM_BIGCACHE_MB of them: past that they go
+ * decommitted, since a program whose calls then all hit the thread caches
+ * never ages them (16 threads that freed 64 MiB each and exited kept 1.2
+ * GiB for good). */
+static void test_exited_threads_bundles_keep_bounded_pages(void **state) {
+    (void)state;
+    malloc_trim(0);
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    size_t bound = hak_cfg.bigcache_bytes;
+    hak_cfg.bigcache_age_ms = 3600000;        /* (no ageing while it runs) */
+    hak_cfg.bigcache_bytes = (size_t)8 << 20; /* 16 MiB of spares: 8 bundles */
+    static uint8_t *b[THIRTY];
+    run_in_thread(empty_thirty_bundles, b);
+    size_t resident = resident_blocks(b, THIRTY, 256 << 10);
+    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.bigcache_bytes = bound;
+    assert_true(resident <= 8 * 7);
+    malloc_trim(0);
+    assert_int_equal(stats().bytes_mapped, 0);
+}
+
 static pthread_barrier_t allocated, go_free;
 
 /* Blocks of one size, their first bytes written with a pattern; freed (and
@@ -902,6 +923,7 @@ int main(void) {
         cmocka_unit_test(test_spare_bundles_serve_other_heaps),
         cmocka_unit_test(test_exited_threads_empty_bundles_age),
         cmocka_unit_test(test_exited_threads_bundles_keep_pages),
+        cmocka_unit_test(test_exited_threads_bundles_keep_bounded_pages),
         cmocka_unit_test(test_spare_of_same_class_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
