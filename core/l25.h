@@ -146,11 +146,12 @@ void l25_free_other(void *p, struct l25_bundle *b);
 /* One block of any class straight from its bundles, bypassing caches; NULL
  * (errno ENOMEM) when out of memory. */
 void *l25_alloc_uncached(uint32_t cls);
-/* Mark p, a block out of a thread cache, held by the program. */
+/* Block i of b's state byte. */
 HAK_INLINE uint8_t *l25_mark(const struct l25_bundle *b, size_t i) {
     return b->mark + i * b->mark_stride;
 }
 
+/* Mark p, a block out of a thread cache, held by the program. */
 HAK_INLINE void l25_set_live(void *p) {
     struct l25_bundle *b = l25_bundle_of(rmap_get(p));
     *l25_mark(b, l25_div(b, (size_t)((uint8_t *)p - b->base))) = L25_LIVE;

@@ -714,12 +714,18 @@ static void test_spare_bundles_serve_other_heaps(void **state) {
     assert_int_equal(stats().bytes_mapped, 0);
 }
 
-static void *empty_three_bundles(void *arg) {
-    uint8_t **b = arg;
-    for (int i = 0; i < 21; i++) /* 256 KiB blocks, 7 a bundle */
-        memset(b[i] = malloc(256 << 10), 0x77, 256 << 10);
-    for (int i = 0; i < 21; i++)
-        free(b[i]);
+/* n blocks of 256 KiB (7 a bundle), written, into b; all freed. */
+struct bundles_of {
+    uint8_t **b;
+    int n;
+};
+
+static void *empty_bundles(void *arg) {
+    const struct bundles_of *o = arg;
+    for (int i = 0; i < o->n; i++)
+        memset(o->b[i] = malloc(256 << 10), 0x77, 256 << 10);
+    for (int i = 0; i < o->n; i++)
+        free(o->b[i]);
     return NULL;
 }
 
@@ -732,7 +738,7 @@ static void test_exited_threads_empty_bundles_age(void **state) {
     hak_cfg.bigcache_age_ms = 40;
     uint8_t *b[21];
     uint64_t decommits = stats().decommits;
-    run_in_thread(empty_three_bundles, b);
+    run_in_thread(empty_bundles, &(struct bundles_of){b, 21});
     assert_true(resident_blocks(b, 21, 256 << 10) >= 14);
     uint64_t t0 = hak_now_ms();
     /* (Up to ten original ages, scaled for slow builds and machines:
@@ -751,15 +757,6 @@ static void test_exited_threads_empty_bundles_age(void **state) {
 
 enum { THIRTY = 7 * 30 }; /* 256 KiB blocks, 7 a bundle */
 
-static void *empty_thirty_bundles(void *arg) {
-    uint8_t **b = arg;
-    for (int i = 0; i < THIRTY; i++)
-        memset(b[i] = malloc(256 << 10), 0x6b, 256 << 10);
-    for (int i = 0; i < THIRTY; i++)
-        free(b[i]);
-    return NULL;
-}
-
 /* The empty bundles of a thread that exited, and a live heap's past its
  * bound, keep their pages until they age: the next threads take them back
  * with no page fault and no new mapping (mimalloc's test-stress re-creates
@@ -772,10 +769,10 @@ static void test_exited_threads_bundles_keep_pages(void **state) {
     uint64_t age = hak_cfg.bigcache_age_ms;
     hak_cfg.bigcache_age_ms = 3600000; /* (no ageing while it runs) */
     static uint8_t *b[THIRTY];
-    run_in_thread(empty_thirty_bundles, b);
+    run_in_thread(empty_bundles, &(struct bundles_of){b, THIRTY});
     size_t resident = resident_blocks(b, THIRTY, 256 << 10);
     uint64_t mapped = stats().bundles_mapped;
-    run_in_thread(empty_thirty_bundles, b);
+    run_in_thread(empty_bundles, &(struct bundles_of){b, THIRTY});
     hak_cfg.bigcache_age_ms = age;
     assert_int_equal(resident, THIRTY);
     assert_int_equal(stats().bundles_mapped, mapped);
@@ -795,7 +792,7 @@ static void test_exited_threads_bundles_keep_bounded_pages(void **state) {
     hak_cfg.bigcache_age_ms = 3600000;        /* (no ageing while it runs) */
     hak_cfg.bigcache_bytes = (size_t)8 << 20; /* 16 MiB of spares: 8 bundles */
     static uint8_t *b[THIRTY];
-    run_in_thread(empty_thirty_bundles, b);
+    run_in_thread(empty_bundles, &(struct bundles_of){b, THIRTY});
     size_t resident = resident_blocks(b, THIRTY, 256 << 10);
     hak_cfg.bigcache_age_ms = age;
     hak_cfg.bigcache_bytes = bound;

@@ -1267,6 +1267,20 @@ static void *tc_idler(void *arg) {
     return NULL;
 }
 
+/* Start a tc_idler and wait for its free: *p is then in its cache. */
+static void idler_start(pthread_t *t, uint8_t **p) {
+    pthread_barrier_init(&tc_bar, NULL, 2);
+    assert_int_equal(pthread_create(t, NULL, tc_idler, p), 0);
+    pthread_barrier_wait(&tc_bar);
+}
+
+/* Let the idler allocate again and end. */
+static void idler_stop(pthread_t t) {
+    pthread_barrier_wait(&tc_bar);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    pthread_barrier_destroy(&tc_bar);
+}
+
 /* An idle thread's cached mapping ages all the same: the ageing pass
  * (the background thread's) takes it into the BigCache, which decommits
  * it. */
@@ -1275,16 +1289,12 @@ static void test_idle_thread_cache_ages(void **state) {
     hak_cfg.bigcache_age_ms = 20;
     uint8_t *p = NULL;
     pthread_t t;
-    pthread_barrier_init(&tc_bar, NULL, 2);
-    assert_int_equal(pthread_create(&t, NULL, tc_idler, &p), 0);
-    pthread_barrier_wait(&tc_bar);
+    idler_start(&t, &p);
     assert_true(maps_resident(p + MiB));
     sleep_ms(60);
     large_age_next();
     assert_false(maps_resident(p + MiB));
-    pthread_barrier_wait(&tc_bar);
-    assert_int_equal(pthread_join(t, NULL), 0);
-    pthread_barrier_destroy(&tc_bar);
+    idler_stop(t);
     hak_cfg.bigcache_age_ms = 60000;
 }
 
@@ -1315,16 +1325,12 @@ static void test_trim_empties_every_thread_cache(void **state) {
     (void)state;
     uint8_t *p = NULL;
     pthread_t t;
-    pthread_barrier_init(&tc_bar, NULL, 2);
-    assert_int_equal(pthread_create(&t, NULL, tc_idler, &p), 0);
-    pthread_barrier_wait(&tc_bar);
+    idler_start(&t, &p);
     uint64_t unmaps = os_calls(OS_MUNMAP);
     assert_true(malloc_trim(0));
     assert_true(os_calls(OS_MUNMAP) > unmaps);
     assert_false(maps_resident(p + MiB));
-    pthread_barrier_wait(&tc_bar);
-    assert_int_equal(pthread_join(t, NULL), 0);
-    pthread_barrier_destroy(&tc_bar);
+    idler_stop(t);
 }
 
 /* A double free of a mapping in a thread's cache is caught. */
@@ -1477,13 +1483,9 @@ static void test_fork_child_gets_other_threads_caches(void **state) {
     (void)state;
     uint8_t *p = NULL;
     pthread_t t;
-    pthread_barrier_init(&tc_bar, NULL, 2);
-    assert_int_equal(pthread_create(&t, NULL, tc_idler, &p), 0);
-    pthread_barrier_wait(&tc_bar); /* p is in t's cache */
+    idler_start(&t, &p); /* p is in t's cache */
     expect_clean_exit(child_reuses_other_threads_cache, p);
-    pthread_barrier_wait(&tc_bar);
-    assert_int_equal(pthread_join(t, NULL), 0);
-    pthread_barrier_destroy(&tc_bar);
+    idler_stop(t);
 }
 
 /* malloc_trim in a signal handler that interrupts the thread inside its own
