@@ -944,6 +944,12 @@ static struct large_hdr *large_tc_empty(struct large_tc *t, uint32_t i) {
     return h;
 }
 
+/* Entries taken out of records to the BigCache (no record held). */
+static void large_tc_to_bigcache(struct large_hdr *const *out, const uint64_t *out_ms, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        large_cache_put_at(out[i], out_ms[i]);
+}
+
 /* Keep freed mapping h in this thread's cache; false when it is not for it. */
 static bool large_tc_put(struct large_hdr *h) {
     struct large_tc *t = large_my_tc;
@@ -985,8 +991,7 @@ static bool large_tc_put(struct large_hdr *h) {
     atomic_store_explicit(&t->freed_ms[at], now, memory_order_relaxed);
     atomic_store_explicit(&t->slot[at], h, memory_order_relaxed);
     large_tc_leave(t);
-    for (uint32_t i = 0; i < nout; i++)
-        large_cache_put_at(out[i], out_ms[i]);
+    large_tc_to_bigcache(out, out_ms, nout);
     return true;
 }
 
@@ -1019,6 +1024,33 @@ static bool large_tc_barrier(int mode) {
     return mode != LARGE_TC_MEMBARRIER || os_barrier();
 }
 
+/* An entry freed at `ms` is due at `now` (all of them with `all`); when it
+ * is not, *next becomes its time if that is sooner. */
+static bool large_tc_due(uint64_t ms, uint64_t now, bool all, uint64_t *next) {
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    if (all || (ms <= now && now - ms >= age)) return true;
+    if (ms + age < *next) *next = ms + age;
+    return false;
+}
+
+/* The due entries of record t (the caller has it) into out[*n] on, their
+ * free times into out_ms. */
+static void large_tc_take_due(struct large_tc *t, uint64_t now, bool all, uint64_t *next,
+                              struct large_hdr **out, uint64_t *out_ms, uint32_t *n) {
+    for (uint32_t i = 0; i < LARGE_TC_N; i++) {
+        if (atomic_load_explicit(&t->slot[i], memory_order_relaxed) == NULL) continue;
+        uint64_t ms = atomic_load_explicit(&t->freed_ms[i], memory_order_relaxed);
+        if (!large_tc_due(ms, now, all, next)) continue;
+        out_ms[*n] = ms;
+        out[(*n)++] = large_tc_empty(t, i);
+    }
+}
+
+/* This thread holds large_tc_drain_lock: a signal handler's trim or
+ * ageing inside it leaves the records to the next look (the lock would
+ * never come free). */
+static __thread bool large_tc_draining;
+
 /* The entries of every thread's cache unused for the age at `now` (all of
  * them with `all`) to the BigCache, where they age on; when the next of
  * those left is due, UINT64_MAX with none (`now` for a record that was
@@ -1029,7 +1061,8 @@ static bool large_tc_barrier(int mode) {
  * the entries go to the BigCache. With `all` (a trim) a busy record is
  * waited for. (Records given back are empty.) */
 static uint64_t large_tc_age_all(bool all, uint64_t now) {
-    uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
+    uint64_t next = UINT64_MAX;
+    if (large_tc_draining) return now;
     for (uint32_t r = 0; r < LARGE_TC_RECORDS;) {
         struct large_tc *stopped[LARGE_TC_CHUNK];
         uint32_t ns = 0;
@@ -1037,14 +1070,10 @@ static uint64_t large_tc_age_all(bool all, uint64_t now) {
             struct large_tc *t = &large_tcs[r];
             if (!atomic_load_explicit(&t->claimed, memory_order_relaxed)) continue;
             bool due = false;
-            for (uint32_t i = 0; i < LARGE_TC_N; i++) {
-                if (atomic_load_explicit(&t->slot[i], memory_order_relaxed) == NULL) continue;
-                uint64_t ms = atomic_load_explicit(&t->freed_ms[i], memory_order_relaxed);
-                if (all || (ms <= now && now - ms >= age))
-                    due = true;
-                else if (ms + age < next)
-                    next = ms + age;
-            }
+            for (uint32_t i = 0; i < LARGE_TC_N; i++)
+                if (atomic_load_explicit(&t->slot[i], memory_order_relaxed) != NULL)
+                    due |= large_tc_due(atomic_load_explicit(&t->freed_ms[i], memory_order_relaxed),
+                                        now, all, &next);
             if (due) stopped[ns++] = t;
         }
         if (ns == 0) break;
@@ -1053,42 +1082,32 @@ static uint64_t large_tc_age_all(bool all, uint64_t now) {
         uint32_t nout = 0;
         int mode = large_tc_mode_get();
         hak_spin_lock(&large_tc_drain_lock);
+        large_tc_draining = true;
         for (uint32_t k = 0; k < ns; k++)
             atomic_store_explicit(&stopped[k]->stop, 1, memory_order_seq_cst);
         bool barrier = large_tc_barrier(mode);
         for (uint32_t k = 0; k < ns && barrier; k++) {
             struct large_tc *t = stopped[k];
-            for (unsigned spins = 0; atomic_load_explicit(&t->busy, memory_order_seq_cst);
-                 spins++) {
+            bool busy;
+            for (unsigned spins = 0;
+                 (busy = atomic_load_explicit(&t->busy, memory_order_acquire)) != 0; spins++) {
                 /* (its own record, busy: a signal handler inside the owner's
                  * hold; waiting would never end. Bounded for the others.) */
                 if (!all || t == large_my_tc || spins > 4096) break;
-                if (spins < 64)
-                    __builtin_ia32_pause();
-                else
-                    syscall(SYS_sched_yield); /* (raw: see hak_spin_wait) */
+                hak_backoff(spins);
             }
-            if (atomic_load_explicit(&t->busy, memory_order_acquire)) {
+            if (busy) {
                 next = now; /* (in its malloc or free now: the next look) */
                 continue;
             }
-            for (uint32_t i = 0; i < LARGE_TC_N; i++) {
-                if (atomic_load_explicit(&t->slot[i], memory_order_relaxed) == NULL) continue;
-                uint64_t ms = atomic_load_explicit(&t->freed_ms[i], memory_order_relaxed);
-                if (!all && (ms > now || now - ms < age)) {
-                    if (ms + age < next) next = ms + age;
-                    continue;
-                }
-                out_ms[nout] = ms;
-                out[nout++] = large_tc_empty(t, i);
-            }
+            large_tc_take_due(t, now, all, &next, out, out_ms, &nout);
         }
         if (!barrier) next = now;
         for (uint32_t k = 0; k < ns; k++)
             atomic_store_explicit(&stopped[k]->stop, 0, memory_order_release);
+        large_tc_draining = false;
         hak_spin_unlock(&large_tc_drain_lock);
-        for (uint32_t i = 0; i < nout; i++)
-            large_cache_put_at(out[i], out_ms[i]);
+        large_tc_to_bigcache(out, out_ms, nout);
     }
     return next;
 }
@@ -1100,15 +1119,11 @@ static void large_tc_give_back(struct large_tc *t) {
     struct large_hdr *out[LARGE_TC_N];
     uint64_t out_ms[LARGE_TC_N];
     uint32_t nout = 0;
-    for (uint32_t i = 0; i < LARGE_TC_N; i++) {
-        if (atomic_load_explicit(&t->slot[i], memory_order_relaxed) == NULL) continue;
-        out_ms[nout] = atomic_load_explicit(&t->freed_ms[i], memory_order_relaxed);
-        out[nout++] = large_tc_empty(t, i);
-    }
+    uint64_t next = UINT64_MAX;
+    large_tc_take_due(t, 0, true, &next, out, out_ms, &nout);
     t->bytes = 0;
     large_tc_leave(t);
-    for (uint32_t i = 0; i < nout; i++)
-        large_cache_put_at(out[i], out_ms[i]);
+    large_tc_to_bigcache(out, out_ms, nout);
     atomic_fetch_sub_explicit(&large_tc_granted, t->credit, memory_order_relaxed);
     atomic_store_explicit(&t->claimed, false, memory_order_release);
 }

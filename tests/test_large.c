@@ -1488,16 +1488,20 @@ static void test_fork_child_gets_other_threads_caches(void **state) {
     idler_stop(t);
 }
 
-/* malloc_trim in a signal handler that interrupts the thread inside its own
- * cache's take or put: the trim does not wait for the thread's own record
- * (busy until the handler returns: it waited forever, holding the drain
- * lock every ager then spun on). */
+/* Signal handlers that call the allocator while the thread they interrupt
+ * is inside it, with a thread sending signals as fast as it can. */
 static pthread_t sig_target;
 static _Atomic bool sig_stop;
 
 static void sig_trim(int sig) {
     (void)sig;
     malloc_trim(0);
+}
+
+static void sig_malloc(int sig) {
+    (void)sig;
+    char *volatile p = malloc(2 * MiB);
+    free(p);
 }
 
 static void *sig_sender(void *arg) {
@@ -1510,12 +1514,18 @@ static void *sig_sender(void *arg) {
     return NULL;
 }
 
-static void trim_in_handler_child(void *arg) {
-    (void)arg;
-    struct sigaction sa = {.sa_handler = sig_trim};
+struct sig_case {
+    void (*handler)(int);
+    bool ageing; /* the thread makes the ageing pass too, an age of 1 ms */
+};
+
+static void in_handler_child(void *arg) {
+    const struct sig_case *c = arg;
+    struct sigaction sa = {.sa_handler = c->handler};
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     CHILD_CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
+    if (c->ageing) hak_cfg.bigcache_age_ms = 1;
     sig_target = pthread_self();
     free(malloc(2 * MiB)); /* this thread's cache claimed */
     pthread_t t;
@@ -1526,12 +1536,17 @@ static void trim_in_handler_child(void *arg) {
         CHILD_CHECK(p != NULL);
         p[0] = 1;
         free(p);
+        if (c->ageing) large_age_next();
     }
     atomic_store(&sig_stop, true);
     pthread_join(t, NULL);
     _exit(0);
 }
 
+/* malloc_trim in a handler that interrupts the thread inside its own
+ * cache's take or put: the trim does not wait for the thread's own record
+ * (busy until the handler returns: it waited forever, holding the drain
+ * lock every ager then spun on). */
 static void test_trim_in_handler_inside_own_cache(void **state) {
     (void)state;
 #ifdef HAK_TEST_TSAN
@@ -1539,7 +1554,18 @@ static void test_trim_in_handler_inside_own_cache(void **state) {
      * malloc_trim: it deadlocks on itself under the signal flood. */
     skip();
 #endif
-    expect_clean_exit(trim_in_handler_child, NULL);
+    expect_clean_exit(in_handler_child, &(struct sig_case){sig_trim, false});
+}
+
+/* A malloc in a handler that interrupts the thread's own ageing pass over
+ * the threads' caches (an age under 4 ms makes every BigCache call look):
+ * it does not wait for the drain lock the thread holds (it spun forever). */
+static void test_malloc_in_handler_inside_own_ageing(void **state) {
+    (void)state;
+#ifdef HAK_TEST_TSAN
+    skip(); /* (as above) */
+#endif
+    expect_clean_exit(in_handler_child, &(struct sig_case){sig_malloc, true});
 }
 
 int main(void) {
@@ -1591,6 +1617,7 @@ int main(void) {
         cmocka_unit_test_setup(test_thread_caches_leave_the_bigcache_its_share, tc_reset),
         cmocka_unit_test_setup(test_cross_thread_free_to_the_freers_cache, tc_reset),
         cmocka_unit_test_setup(test_trim_in_handler_inside_own_cache, tc_reset),
+        cmocka_unit_test_setup(test_malloc_in_handler_inside_own_ageing, tc_reset),
         cmocka_unit_test_setup(test_thread_cache_owner_races_ager_and_trim, tc_reset),
         cmocka_unit_test_setup(test_fork_child_gets_other_threads_caches, tc_reset),
     };

@@ -50,25 +50,29 @@ typedef struct {
 #define HAK_SPIN_INIT                                                                              \
     { false }
 
-/* Yield and sleep are raw system calls: libc's nanosleep is a cancellation
+/* One step of a wait that has gone on for `tries` steps: pause, then
+ * yield, then sleep. Yield and sleep are raw system calls: libc's nanosleep is a cancellation
  * point (a cancel would end the thread inside malloc, or inside fork's
  * prepare handler with other locks held), and another preloaded library may
  * wrap either one with code that allocates. errno is the program's. */
+static inline void hak_backoff(unsigned tries) {
+    if (tries < 64) {
+        __builtin_ia32_pause();
+    } else if (tries < 4096) { /* (a few ms of yields) */
+        syscall(SYS_sched_yield);
+    } else {
+        struct timespec nap = {0, 50000}; /* 50 us */
+        syscall(SYS_nanosleep, &nap, NULL);
+    }
+}
+
+/* A waiter that found the lock held. */
 static __attribute__((cold, noinline)) void hak_spin_wait(hak_spin *l) {
     int saved = errno;
     for (unsigned tries = 0;; tries++) {
         /* Read until free (no writes to the line meanwhile), then try. */
-        while (atomic_load_explicit(&l->held, memory_order_relaxed)) {
-            if (tries < 64) {
-                __builtin_ia32_pause();
-            } else if (tries < 4096) { /* (a few ms of yields) */
-                syscall(SYS_sched_yield);
-            } else {
-                struct timespec nap = {0, 50000}; /* 50 us */
-                syscall(SYS_nanosleep, &nap, NULL);
-            }
-            tries++;
-        }
+        while (atomic_load_explicit(&l->held, memory_order_relaxed))
+            hak_backoff(tries++);
         if (!atomic_exchange_explicit(&l->held, true, memory_order_acquire)) break;
     }
     errno = saved;

@@ -269,18 +269,19 @@ static long os_locked_kb(void) {
     return v;
 }
 
-bool os_barrier_register(void) {
+static bool os_membarrier(int cmd) {
     int saved = errno;
-    bool ok = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+    bool ok = syscall(SYS_membarrier, cmd, 0, 0) == 0;
     errno = saved;
     return ok;
 }
 
+bool os_barrier_register(void) {
+    return os_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
+}
+
 bool os_barrier(void) {
-    int saved = errno;
-    bool ok = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
-    errno = saved;
-    return ok;
+    return os_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
 }
 
 void os_fork_child(void) {
