@@ -12,6 +12,7 @@
 #include "box/os.h"
 #include "box/usage.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -143,6 +144,9 @@ static void l25_bundle_format(struct l25_bundle *b, uint32_t cls, uint32_t shard
     b->shard = shard;
     b->owner = L25_SHARED;
     if (stride != size) { /* coloured: the state bytes in the gaps */
+        /* (l25_alloc_fast writes a cached block's there, past the block: a
+         * coloured bundle keeps no bitmap in its first blocks.) */
+        assert(b->nblocks <= 64);
         b->mark = base + size + L25_MARK_OFF;
         b->mark_stride = stride;
     } else {

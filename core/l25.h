@@ -52,6 +52,7 @@
 #include "tcache.h"
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdbool.h>
 
 #define L25_SHARDS      4      /* plus one more, of uncoloured bundles, for aligned requests */
@@ -70,18 +71,20 @@ struct l25_bundle {
      * it alone. */
     _Atomic(void *) spare_next;
     /* Read by any thread freeing a block; set while the bundle is empty. */
+    /* What every free reads, on the first line with the link: */
     struct l25_heap *owner;  /* the heap that owns it, or L25_SHARED */
     uint8_t *base;           /* NULL: descriptor unused */
-    size_t span;             /* bytes mapped */
-    uint32_t idx;            /* in the descriptor table: the region map's payload */
-    uint32_t cls, size;      /* block size, a copy of small_class_size[cls] */
-    uint32_t stride;         /* distance between blocks: size, or size + 64 */
     uint64_t magic;          /* floor(2^64 / stride) + 1: see l25_div */
-    uint32_t first, nblocks; /* blocks first .. nblocks-1 are usable */
     uint8_t *mark;           /* block i's state byte at mark + i * mark_stride */
-    uint32_t mark_stride;    /* stride (in the colouring gap) or 1 (an array) */
-    uint64_t *avail;         /* a bit per block: back in the bundle (its owner's) */
-    uint64_t *dirty;         /* avail blocks that may hold pages; NULL: not tracked */
+    uint32_t stride;         /* distance between blocks: size, or size + 64 */
+    uint32_t first, nblocks; /* blocks first .. nblocks-1 are usable */
+    uint32_t cls;
+    uint32_t mark_stride; /* stride (in the colouring gap) or 1 (an array) */
+    uint32_t size;        /* block size, a copy of small_class_size[cls] */
+    uint32_t idx;         /* in the descriptor table: the region map's payload */
+    size_t span;          /* bytes mapped */
+    uint64_t *avail;      /* a bit per block: back in the bundle (its owner's) */
+    uint64_t *dirty;      /* avail blocks that may hold pages; NULL: not tracked */
     /* The owner's alone (a heap's thread, or whoever holds the shard lock),
      * on lines of their own: */
     _Alignas(64) uint32_t navail, hint; /* free blocks; first avail word that may be non-zero */
@@ -111,6 +114,7 @@ enum { L25_FREE = 0, L25_LIVE = 0xa5 };
  * mlockall(MCL_CURRENT). A chunk is in place before any of its descriptors
  * is published in the region map. */
 extern HAK_HIDDEN struct l25_bundle *l25_desc[L25_MAX_BUNDLES / L25_DESC_CHUNK];
+_Static_assert(offsetof(struct l25_bundle, mark_stride) < 64, "a free reads one descriptor line");
 _Static_assert(sizeof(struct l25_bundle) * L25_DESC_CHUNK <= ((size_t)2 << 20),
                "a chunk of descriptors is one arena_meta record");
 
@@ -151,7 +155,7 @@ HAK_INLINE uint8_t *l25_mark(const struct l25_bundle *b, size_t i) {
     return b->mark + i * b->mark_stride;
 }
 
-/* Mark p, a block out of a thread cache, held by the program. */
+/* Mark p, a block of its bundle, held by the program. */
 HAK_INLINE void l25_set_live(void *p) {
     struct l25_bundle *b = l25_bundle_of(rmap_get(p));
     *l25_mark(b, l25_div(b, (size_t)((uint8_t *)p - b->base))) = L25_LIVE;
@@ -165,7 +169,9 @@ void *l25_alloc_aligned(uint32_t cls);
  * memory. */
 HAK_INLINE void *l25_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);
-    if (hak_likely(p != NULL)) l25_set_live(p);
+    /* A cached block is a heap bundle's, coloured, its state byte in the
+     * gap past it (no region map or descriptor to read: l25_set_live). */
+    if (hak_likely(p != NULL)) ((uint8_t *)p)[small_class_size[cls] + L25_MARK_OFF] = L25_LIVE;
     return p;
 }
 
