@@ -568,6 +568,26 @@ static _Atomic uint32_t l25_nspare;
 
 /* Bytes of the spares that keep their pages (see l25_spare_put). */
 static _Atomic size_t l25_spare_hot;
+/* ms: when the spares' ageing has something to do first (the earliest
+ * spare due to be decommitted or unmapped); UINT64_MAX: nothing. The
+ * ageing runs then, not on the tier's pass every age: an exiting thread's
+ * bundles, empty at the frees, went a second age later (the background
+ * thread's RSS fell 450 ms after a burst, past its 400 ms promise). */
+static _Atomic uint64_t l25_spares_due = UINT64_MAX;
+
+/* The spares' ageing is due at `due` at the latest. */
+static void l25_spares_due_by(uint64_t due) {
+    uint64_t cur = atomic_load_explicit(&l25_spares_due, memory_order_relaxed);
+    while (due < cur && !atomic_compare_exchange_weak_explicit(
+                            &l25_spares_due, &cur, due, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+/* When spare b is next due to age: decommitted at the age, unmapped at
+ * twice it. */
+static uint64_t l25_spare_due(const struct l25_bundle *b) {
+    return b->empty_ms + (b->committed ? 1 : 2) * hak_cfg.bigcache_age_ms;
+}
 
 /* The spares keep their pages up to twice the BigCache's bound
  * (HAKMEM_BIGCACHE_MB: what the program lets the allocator keep for reuse;
@@ -598,7 +618,10 @@ static bool l25_spare_put(struct l25_bundle *b) {
         }
     }
     atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
+    uint64_t due = l25_spare_due(b);
     lf_push(&l25_spare[b->cls - SMALL_FIRST], b, L25_SPARE_LINK);
+    l25_spares_due_by(due);
+    bell_ring(); /* (the background thread's next look may be later) */
     return true;
 }
 
@@ -636,7 +659,7 @@ static struct l25_bundle *l25_spare_get(uint32_t cls) {
  * True when memory went back. */
 static bool l25_spares_age(uint64_t now, bool all) {
     bool released = false;
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.bigcache_age_ms, due = UINT64_MAX;
     for (size_t k = 0; k < sizeof l25_spare / sizeof l25_spare[0]; k++) {
         struct l25_bundle *b = lf_take_all(&l25_spare[k]), *first = NULL, *last = NULL;
         uint32_t gone = 0;
@@ -654,6 +677,7 @@ static bool l25_spares_age(uint64_t now, bool all) {
                     released |= l25_bundle_decommit(b);
                     b->committed = false;
                 }
+                if (l25_spare_due(b) < due) due = l25_spare_due(b);
                 atomic_store_explicit(&b->spare_next, first, memory_order_relaxed);
                 first = b;
                 if (last == NULL) last = b;
@@ -663,6 +687,7 @@ static bool l25_spares_age(uint64_t now, bool all) {
         if (gone) atomic_fetch_sub_explicit(&l25_nspare, gone, memory_order_relaxed);
         if (first) lf_push_chain(&l25_spare[k], first, last, L25_SPARE_LINK);
     }
+    l25_spares_due_by(due);
     return released;
 }
 
@@ -1223,14 +1248,25 @@ static bool l25_purge(uint64_t now) {
     return l25_sweep(now, l25_purge_shard, NULL);
 }
 
+/* The spares' ageing, when due and this thread is the one to do it (the
+ * due time is taken; the pass sets it again from what it leaves). */
+static bool l25_spares_age_due(uint64_t now) {
+    uint64_t due = atomic_load_explicit(&l25_spares_due, memory_order_relaxed);
+    if (now < due ||
+        !atomic_compare_exchange_strong_explicit(&l25_spares_due, &due, UINT64_MAX,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return false;
+    return l25_spares_age(now, false);
+}
+
 bool l25_age(void) {
     uint64_t now = hak_now_ms(), next = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
     /* Due, and this thread is the one to do it. */
     if (now < next || !atomic_compare_exchange_strong_explicit(
                           &l25_purge_next, &next, now + hak_cfg.bigcache_age_ms,
                           memory_order_relaxed, memory_order_relaxed))
-        return false;
-    bool released = l25_spares_age(now, false);
+        return l25_spares_age_due(now);
+    bool released = l25_spares_age_due(now);
     if (l25_purge(now)) released = true;
     return released;
 }
@@ -1257,10 +1293,9 @@ uint64_t l25_age_next(void) {
     struct l25_due d = {.next = UINT64_MAX, .dirty = false};
     l25_sweep(hak_now_ms(), l25_due_shard, &d);
     uint64_t pass = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
-    uint64_t next =
-        (d.dirty || atomic_load_explicit(&l25_nspare, memory_order_relaxed)) && pass < d.next
-            ? pass
-            : d.next;
+    uint64_t next = d.dirty && pass < d.next ? pass : d.next,
+             spares = atomic_load_explicit(&l25_spares_due, memory_order_relaxed);
+    if (spares < next) next = spares;
     /* The heaps of exited threads: what was freed to them since, and their
      * ageing (a live thread ages its own, on its slow path). */
     hak_lock(&l25_heap_lock);
