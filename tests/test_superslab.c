@@ -734,8 +734,56 @@ static void test_threads_take_and_give_back_slabs(void **state) {
     }
 }
 
+/* Carved bytes another thread uncarved and has not published (its batch,
+ * box/usage.h) must not stay in mallinfo2's uordblks: thread A carves and
+ * exits (its count published), thread B's trim purges A's slabs and stays
+ * alive. uordblks read more than arena held (the API fuzzer: 10240 > 0
+ * after a trim). */
+static pthread_barrier_t uc_trimmed, uc_done;
+
+static void *uc_carve_and_exit(void *arg) {
+    (void)arg;
+    void *b[25];
+    for (int i = 0; i < 25; i++) /* 100 KiB of 4 KiB blocks: under the batch's slack */
+        memset(b[i] = malloc(4096), 1, 4096);
+    for (int i = 0; i < 25; i++)
+        free(b[i]);
+    return NULL;
+}
+
+static void *uc_trim_and_wait(void *arg) {
+    (void)arg;
+    malloc_trim(0);
+    pthread_barrier_wait(&uc_trimmed);
+    pthread_barrier_wait(&uc_done); /* alive while the main thread reads */
+    return NULL;
+}
+
+static void test_uncarved_by_live_thread_not_counted(void **state) {
+    (void)state;
+    malloc_trim(0);
+    size_t before = mallinfo2().uordblks;
+    pthread_t a, b;
+    assert_int_equal(pthread_create(&a, NULL, uc_carve_and_exit, NULL), 0);
+    assert_int_equal(pthread_join(a, NULL), 0);
+    pthread_barrier_init(&uc_trimmed, NULL, 2);
+    pthread_barrier_init(&uc_done, NULL, 2);
+    assert_int_equal(pthread_create(&b, NULL, uc_trim_and_wait, NULL), 0);
+    pthread_barrier_wait(&uc_trimmed);
+    struct mallinfo2 mi = mallinfo2();
+    pthread_barrier_wait(&uc_done);
+    assert_int_equal(pthread_join(b, NULL), 0);
+    pthread_barrier_destroy(&uc_trimmed);
+    pthread_barrier_destroy(&uc_done);
+    assert_true(mi.uordblks <= mi.arena);
+    /* A's 100 KiB are gone; B itself holds a few KiB (its thread's own
+     * allocations, pthread's among them). */
+    assert_true(mi.uordblks < before + 50 * 1024);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_uncarved_by_live_thread_not_counted),
         cmocka_unit_test_teardown(test_acquire_geometry, release_held),
         cmocka_unit_test(test_block_test_exhaustive),
         cmocka_unit_test_teardown(test_new_superslab_then_its_unused_slots, release_held),

@@ -107,10 +107,15 @@ static inline void ss_set_state(struct ss_slab *s, enum ss_state st) {
     __atomic_store_n(&s->state, (uint8_t)st, __ATOMIC_RELAXED);
 }
 
-/* Carved bytes gone (a slab reset, purged or retired). */
+/* Carved bytes gone (a slab reset, purged or retired): to the total at
+ * once, as the Pool tier's, so that the published total never exceeds what
+ * the slabs hold (mallinfo2: uordblks <= arena). Batched, a thread that
+ * uncarved what another published kept it counted for as long as it lived
+ * (the API fuzzer: uordblks 10240, arena 0 after a trim). A slab's reset
+ * is rare: one atomic for a slab's worth of blocks. */
 static void ss_note_uncarved(const struct ss_slab *s) {
-    usage_batch_add(&ss_carved, &ss_carved_pending, -(int64_t)s->carved * s->size,
-                    USAGE_BATCH_SLACK);
+    if (s->carved != 0)
+        atomic_fetch_sub_explicit(&ss_carved, (int64_t)s->carved * s->size, memory_order_relaxed);
 }
 
 void ss_flush_counts(void) {
