@@ -1031,36 +1031,56 @@ void l25_thread_exit(void) {
 
 /* ---- trim ------------------------------------------------------------------------ */
 
-/* Decommit the free blocks of b among `eligible` that may hold pages.
- * Shard lock held. (Tracked bundles have at most 64 blocks: one word.) */
+/* The next run of set bits in *bits (taken out of it): consecutive free
+ * blocks, whose pages go in one call. 0 when none is left. */
+static inline uint64_t l25_next_run(uint64_t *bits) {
+    if (*bits == 0) return 0;
+    uint32_t i = (uint32_t)__builtin_ctzll(*bits);
+    uint32_t n = (uint32_t)__builtin_ctzll(~(*bits >> i));
+    uint64_t run = n == 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1) << i;
+    *bits &= ~run;
+    return run;
+}
+
+/* Decommit the pages of run `run` of word w of b's blocks (none live or
+ * cached, none taken meanwhile): only pages wholly inside the run (and the
+ * unused tail after the last block), since its ends share pages with
+ * neighbours that may be live. True when pages went (not refused:
+ * mlockall). */
+static bool l25_run_decommit(struct l25_bundle *b, uint32_t w, uint64_t run) {
+    size_t first = (size_t)w * 64 + (size_t)__builtin_ctzll(run),
+           last = first + (size_t)__builtin_popcountll(run);
+    uintptr_t lo = hak_align_up((uintptr_t)b->base + first * b->stride, HAK_PAGE_SIZE);
+    uintptr_t hi = last == b->nblocks
+                       ? (uintptr_t)b->base + b->span
+                       : ((uintptr_t)b->base + last * b->stride) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
+    if (hi <= lo || !os_decommit((void *)lo, hi - lo)) return false;
+    atomic_fetch_add_explicit(&l25_free_decommitted, hi - lo, memory_order_relaxed);
+    return true;
+}
+
+/* The runs of b's free blocks among `eligible` of word w that may hold
+ * pages: a run of consecutive free blocks is one call, made when any of
+ * them may hold pages (the pages its ends share with neighbours that were
+ * live at the last look are in it now). */
+static uint64_t l25_dirty_runs(const struct l25_bundle *b, uint32_t w, uint64_t eligible) {
+    uint64_t bits = b->avail[w] & eligible, runs = 0;
+    for (uint64_t run; (run = l25_next_run(&bits)) != 0;)
+        if (b->dirty[w] & run) runs |= run;
+    return runs;
+}
+
+/* Decommit the free blocks of b among `eligible` that may hold pages: its
+ * owner's (a heap's bundle). (Tracked bundles have at most 64 blocks: one
+ * word.) */
 static bool l25_decommit_free(struct l25_bundle *b, uint64_t eligible) {
     if (b->dirty == NULL) return false;
     bool any = false;
     for (uint32_t w = 0; w < l25_words(b->nblocks); w++) {
-        uint64_t bits = b->avail[w] & eligible;
-        while (bits) {
-            /* A run of consecutive free blocks is one call, made when any of
-             * them may hold pages: the pages its ends share with neighbours
-             * that were live at the last trim are in it now. */
-            uint32_t i = (uint32_t)__builtin_ctzll(bits);
-            uint32_t n = (uint32_t)__builtin_ctzll(~(bits >> i));
-            uint64_t run = n == 64 ? ~(uint64_t)0 : (((uint64_t)1 << n) - 1) << i;
-            bits &= ~run;
-            if (!(b->dirty[w] & run)) continue;
-            b->dirty[w] &= ~run;
-            /* Only pages wholly inside the run (and the unused tail after
-             * the last block): its ends share pages with live neighbours. */
-            size_t first = (size_t)w * 64 + i, last = first + n;
-            uintptr_t lo = hak_align_up((uintptr_t)b->base + first * b->stride, HAK_PAGE_SIZE);
-            uintptr_t hi = last == b->nblocks ? (uintptr_t)b->base + b->span
-                                              : ((uintptr_t)b->base + last * b->stride) &
-                                                    ~(uintptr_t)(HAK_PAGE_SIZE - 1);
-            /* Counted only when pages went (not refused: mlockall). */
-            if (hi > lo && os_decommit((void *)lo, hi - lo)) {
-                atomic_fetch_add_explicit(&l25_free_decommitted, hi - lo, memory_order_relaxed);
-                any = true;
-            }
-        }
+        uint64_t runs = l25_dirty_runs(b, w, eligible);
+        b->dirty[w] &= ~runs;
+        for (uint64_t run; (run = l25_next_run(&runs)) != 0;)
+            any |= l25_run_decommit(b, w, run);
     }
     return any;
 }
@@ -1147,6 +1167,8 @@ static bool l25_remote_decommit(struct l25_heap *h) {
     return atomic_load_explicit(&l25_free_decommitted, memory_order_relaxed) != before;
 }
 
+static bool l25_shard_purge(struct l25_shard *s, bool all); /* (below) */
+
 bool l25_trim(void) {
     bool released = false;
     /* This thread's heap, and those of exited threads (ours while we hold
@@ -1172,8 +1194,6 @@ bool l25_trim(void) {
                 b->next = empty;
                 empty = b;
             }
-            for (struct l25_bundle *b = s->partial; b; b = b->next)
-                released |= l25_decommit_free(b, ~(uint64_t)0);
             hak_unlock(&s->lock);
             while (empty) {
                 struct l25_bundle *next = empty->next;
@@ -1181,6 +1201,7 @@ bool l25_trim(void) {
                 empty = next;
                 released = true;
             }
+            released |= l25_shard_purge(s, true);
         }
     }
     return released;
@@ -1221,31 +1242,104 @@ static bool l25_sweep(uint64_t now, bool (*visit)(struct l25_shard *, void *), v
     return released;
 }
 
-/* The pass over a shard's partly used bundles: decommit their free blocks'
- * pages. */
-static bool l25_purge_shard(struct l25_shard *s, void *arg) {
-    (void)arg;
+/* Bundles whose free blocks a shard's purge takes out at once. */
+#define L25_PURGE_BATCH 32
+
+/* The free blocks of shard s's partly used bundles that may hold pages
+ * (with `all`, a trim), or those of them a pass should give back (free since
+ * the previous pass and never taken since: a whole period unused, whatever
+ * else the bundle saw; and any other but the L25_KEEP_FREE lowest of the
+ * shard's first bundle, the ones its refills take next), decommitted
+ * without the shard's lock: under it they are taken out of their bundles
+ * (as a refill takes blocks: a bundle with none left leaves the partial
+ * list), and they come back once their pages are gone. An aligned or
+ * uncached malloc or free of the class took the lock and waited behind the
+ * pass's hundreds of madvise calls. L25_PURGE_BATCH bundles at a time. */
+static bool l25_shard_purge(struct l25_shard *s, bool all) {
+    struct {
+        struct l25_bundle *b;
+        uint64_t bits;
+    } out[L25_PURGE_BATCH];
     bool released = false;
-    for (struct l25_bundle *b = s->partial; b; b = b->next) {
-        if (b->dirty == NULL) continue;
-        /* Free since the previous pass and never taken since: a whole
-         * period unused (whatever else the bundle saw); and any other free
-         * block but the L25_KEEP_FREE lowest of the shard's first bundle,
-         * the ones its refills take next (first bundle, lowest blocks
-         * first). */
-        uint64_t keep = 0, avail = b->avail1 & b->dirty1;
-        for (int k = 0; k < L25_KEEP_FREE && avail && b == s->partial; k++) {
-            keep |= avail & -avail;
-            avail &= avail - 1;
+    struct l25_bundle *from = NULL; /* (the next batch: after the last one looked at) */
+    /* (Bounded: bundles other threads put back at the list's front, ahead of
+     * `from`, are looked at again.) */
+    for (uint32_t round = 0; round < 64; round++) {
+        uint32_t n = 0;
+        hak_lock(&s->lock);
+        struct l25_bundle *b = s->partial;
+        /* (A bundle of the last batch that went back onto the list went to
+         * its front: behind `from` only bundles not looked at.) */
+        if (from != NULL)
+            for (b = s->partial; b && b != from; b = b->next)
+                ;
+        for (; b && n < L25_PURGE_BATCH; b = b->next) {
+            if (b->dirty == NULL) continue;
+            uint64_t keep = 0, avail = b->avail1 & b->dirty1;
+            for (int k = 0; !all && k < L25_KEEP_FREE && avail && b == s->partial; k++) {
+                keep |= avail & -avail;
+                avail &= avail - 1;
+            }
+            uint64_t bits = l25_dirty_runs(b, 0, all ? ~(uint64_t)0 : b->stale1 | ~keep);
+            b->dirty1 &= ~bits;
+            b->avail1 &= ~bits;
+            b->navail -= (uint32_t)__builtin_popcountll(bits);
+            if (!all) b->stale1 = b->avail1 & b->dirty1; /* free now, pages and all */
+            if (bits) out[n++].b = b, out[n - 1].bits = bits;
         }
-        released |= l25_decommit_free(b, b->stale1 | ~keep);
-        b->stale1 = b->avail1 & b->dirty1; /* free now, pages and all */
+        from = b;
+        /* Out of the refills' way, as l25_take_from leaves them. */
+        for (uint32_t k = 0; k < n; k++)
+            if (out[k].b->navail == 0 && out[k].b->listed) {
+                l25_list_remove(&s->partial, out[k].b);
+                out[k].b->listed = false;
+            }
+        if (from != NULL && !from->listed) from = NULL; /* (it left the list: no batch after it) */
+        hak_unlock(&s->lock);
+        if (n == 0) break;
+        for (uint32_t k = 0; k < n; k++) {
+            uint64_t runs = out[k].bits;
+            for (uint64_t run; (run = l25_next_run(&runs)) != 0;)
+                released |= l25_run_decommit(out[k].b, 0, run);
+        }
+        /* Back, as l25_put_locked puts a block (a bundle they empty goes to
+         * the empty list; its work after the lock). */
+        for (uint32_t k = 0; k < n;) {
+            struct l25_todo todo = {.n = 0};
+            hak_lock(&s->lock);
+            for (; k < n && todo.n + 2 <= sizeof todo.b / sizeof todo.b[0]; k++) {
+                struct l25_bundle *b = out[k].b;
+                b->avail1 |= out[k].bits;
+                b->hint = 0;
+                b->navail += (uint32_t)__builtin_popcountll(out[k].bits);
+                if (b->navail == b->nblocks - b->first) {
+                    l25_became_empty(s, b, &todo);
+                } else if (!b->listed) {
+                    l25_list_push(&s->partial, b);
+                    b->listed = true;
+                }
+            }
+            l25_work(s);
+            hak_unlock(&s->lock);
+            if (todo.n) l25_release(s, &todo);
+        }
+        if (from == NULL) break;
     }
     return released;
 }
 
+static bool l25_purge_none(struct l25_shard *s, void *arg) {
+    (void)s, (void)arg;
+    return false;
+}
+
 static bool l25_purge(uint64_t now) {
-    return l25_sweep(now, l25_purge_shard, NULL);
+    bool released = l25_sweep(now, l25_purge_none, NULL); /* (the empty bundles) */
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
+            if (atomic_load_explicit(&l25_shards[cls][sh].work, memory_order_relaxed))
+                released |= l25_shard_purge(&l25_shards[cls][sh], false);
+    return released;
 }
 
 /* The spares' ageing, when due and this thread is the one to do it (the

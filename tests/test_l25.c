@@ -10,6 +10,7 @@
 
 #include "box/clock.h"
 #include "box/config.h"
+#include "box/os.h"
 #include "death.h"
 #include "l25.h"
 #include "maps.h"
@@ -891,6 +892,121 @@ static void test_trim_reaches_blocks_freed_to_idle_thread(void **state) {
     assert_int_equal(resident, 0);
 }
 
+/* A shard's purge makes its madvise calls without the shard's lock: an
+ * aligned malloc and free of the class, which take it, do not wait behind
+ * them (they waited behind the pass's hundreds of calls, a trim's or the
+ * ageing's every age). The hook, inside the trim's decommit of one of the
+ * test's free blocks, has another thread make such a call and waits for it:
+ * a hang limit, since under the lock it would wait for good. */
+static uint8_t *purge_lo, *purge_hi;
+static size_t purge_size;
+static _Atomic int purge_step; /* 0: idle, 1: asked, 2: done */
+static _Atomic bool purge_seen, purge_waited_out;
+
+static void *purge_helper(void *arg) {
+    (void)arg;
+    while (atomic_load(&purge_step) == 0)
+        sched_yield();
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, purge_size) == 0) free(p);
+    atomic_store(&purge_step, 2);
+    return NULL;
+}
+
+static void purge_hook(void *p, size_t size) {
+    if ((uint8_t *)p < purge_lo || (uint8_t *)p + size > purge_hi ||
+        atomic_exchange(&purge_seen, true))
+        return;
+    atomic_store(&purge_step, 1);
+    int64_t t0 = hak_test_now_ms(), limit = hak_test_limit_ms(5000);
+    while (atomic_load(&purge_step) != 2 && hak_test_now_ms() - t0 < limit)
+        sched_yield();
+    atomic_store(&purge_waited_out, atomic_load(&purge_step) != 2);
+}
+
+static void test_shard_purge_outside_its_lock(void **state) {
+    (void)state;
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    hak_cfg.bigcache_age_ms = 3600 * 1000; /* no ageing pass takes them first */
+    purge_size = 96 << 10;
+    uint8_t *blk[8];
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(posix_memalign((void **)&blk[i], 4096, purge_size), 0);
+        memset(blk[i], i + 1, purge_size); /* pages, for the purge to give back */
+    }
+    /* One shared (aligned) bundle, its free blocks between live ones. */
+    struct l25_bundle *b = bundle_of(blk[0]);
+    assert_ptr_equal(b->owner, L25_SHARED);
+    purge_lo = b->base;
+    purge_hi = b->base + b->span;
+    for (int i = 1; i < 8; i += 2)
+        free(blk[i]);
+    pthread_t t;
+    atomic_store(&purge_step, 0);
+    atomic_store(&purge_seen, false);
+    atomic_store(&purge_waited_out, false);
+    assert_int_equal(pthread_create(&t, NULL, purge_helper, NULL), 0);
+    atomic_store(&os_decommit_hook, purge_hook);
+    malloc_trim(0);
+    atomic_store(&os_decommit_hook, NULL);
+    atomic_store(&purge_step, 1); /* (the helper goes, if the hook never asked) */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    hak_cfg.bigcache_age_ms = age;
+    assert_true(atomic_load(&purge_seen)); /* the trim purged the test's blocks */
+    assert_false(atomic_load(&purge_waited_out));
+    for (int i = 0; i < 8; i += 2)
+        free(blk[i]);
+}
+
+/* Aligned mallocs and frees of shared bundles on several threads while
+ * trims and ageing passes purge them (blocks taken out of their bundles and
+ * put back around the madvise calls): every block keeps what its thread
+ * wrote, none is handed out twice. */
+static _Atomic bool purge_race_stop;
+
+static void *purge_race_worker(void *arg) {
+    uint64_t rng = (uintptr_t)arg * 0x9e3779b97f4a7c15ull + 1;
+    uint8_t *held[16] = {0};
+    size_t len[16] = {0};
+    while (!atomic_load(&purge_race_stop)) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        uint32_t k = (uint32_t)(rng % 16);
+        if (held[k]) {
+            for (size_t o = 0; o < len[k]; o += 4096)
+                assert_int_equal(held[k][o], (uint8_t)(k + (uintptr_t)arg));
+            free(held[k]);
+            held[k] = NULL;
+        } else {
+            len[k] = (64 << 10) + (size_t)(rng >> 20) % (192 << 10);
+            assert_int_equal(posix_memalign((void **)&held[k], 4096, len[k]), 0);
+            for (size_t o = 0; o < len[k]; o += 4096)
+                held[k][o] = (uint8_t)(k + (uintptr_t)arg);
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        free(held[k]);
+    return NULL;
+}
+
+static void test_shard_purge_races_aligned_calls(void **state) {
+    (void)state;
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    hak_cfg.bigcache_age_ms = 2; /* a pass every few calls */
+    pthread_t t[3];
+    atomic_store(&purge_race_stop, false);
+    for (uintptr_t i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, purge_race_worker, (void *)(i + 1)), 0);
+    int64_t t0 = hak_test_now_ms();
+    while (hak_test_now_ms() - t0 < 1000) {
+        malloc_trim(0);
+        sched_yield();
+    }
+    atomic_store(&purge_race_stop, true);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+    hak_cfg.bigcache_age_ms = age;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
@@ -922,6 +1038,8 @@ int main(void) {
         cmocka_unit_test(test_exited_threads_bundles_keep_pages),
         cmocka_unit_test(test_exited_threads_bundles_keep_bounded_pages),
         cmocka_unit_test(test_spare_of_same_class_first),
+        cmocka_unit_test(test_shard_purge_outside_its_lock),
+        cmocka_unit_test(test_shard_purge_races_aligned_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

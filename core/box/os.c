@@ -59,6 +59,7 @@ static _Atomic uint64_t os_fault_n;                            /* calls since th
 static _Atomic uint64_t os_fault_lo = UINT64_MAX, os_fault_hi; /* fail calls lo+1 .. hi */
 static _Atomic uint64_t os_site_calls[OS_NSITES], os_site_failed[OS_NSITES];
 static _Atomic uint32_t os_fault_sites = ~(uint32_t)0; /* sites the window applies to */
+void (*_Atomic os_decommit_hook)(void *p, size_t size);
 
 void os_fault_only(uint32_t sites) {
     atomic_store(&os_fault_sites, sites);
@@ -163,6 +164,10 @@ bool os_decommit(void *p, size_t size) {
     os_count(OS_MADVISE);
     /* EINVAL on locked pages */
     bool ok = !os_fault(OS_SITE_DECOMMIT) && madvise(p, size, MADV_DONTNEED) == 0;
+#ifdef HAK_FAULT_INJECT
+    void (*hook)(void *, size_t) = atomic_load(&os_decommit_hook);
+    if (hook) hook(p, size);
+#endif
     errno = saved;
     return ok;
 }
