@@ -714,10 +714,13 @@ struct l25_heap {
     _Atomic uint64_t refills, flushes;
     _Atomic int64_t carved_bytes;
     struct l25_heap *next_free, *next_all;
+    uint64_t park_pass; /* the last pass over parked heaps that had it (l25_parked_each) */
 };
 
 static pthread_mutex_t l25_heap_lock = PTHREAD_MUTEX_INITIALIZER; /* the heap lists */
 static struct l25_heap *l25_heaps_free; /* of exited threads, their bundles with them */
+static uint64_t l25_park_passes;        /* passes over them so far (l25_parked_each) */
+static uint32_t l25_parked_out;         /* parked heaps a pass has off the list now */
 static struct l25_heap *l25_heaps_all;  /* every heap, for the stats */
 static struct l25_heap *l25_heaps_fresh;
 static uint32_t l25_heaps_fresh_n;
@@ -1169,20 +1172,71 @@ static bool l25_remote_decommit(struct l25_heap *h) {
 
 static bool l25_shard_purge(struct l25_shard *s, bool all); /* (below) */
 
+/* This thread has a parked heap off the list (l25_parked_each): a signal
+ * handler's trim inside it must not wait for that heap to come back. */
+static __thread uint32_t l25_parked_mine;
+
+/* Each parked heap (an exited thread's) through fn, without l25_heap_lock:
+ * taken off the list as a starting thread takes one, the pass's alone, and
+ * put back in front after, numbered with the pass so that the pass does not
+ * take it again. A thread starting or exiting takes the lock, and waited
+ * behind every parked heap's decommits and unmaps. A heap another pass
+ * renumbered meanwhile is looked at again (bounded, but for `wait_all`);
+ * with `wait_all` (a trim) the pass also waits for the heaps other passes
+ * have off the list, and takes them in turn. */
+static void l25_parked_each(void (*fn)(struct l25_heap *, void *), void *arg, bool wait_all) {
+    hak_lock(&l25_heap_lock);
+    uint64_t pass = ++l25_park_passes;
+    uint32_t budget = 8;
+    for (struct l25_heap *h = l25_heaps_free; h; h = h->next_free)
+        budget += 2;
+    while (wait_all || budget-- > 0) {
+        struct l25_heap **at = &l25_heaps_free;
+        while (*at && (*at)->park_pass == pass)
+            at = &(*at)->next_free;
+        struct l25_heap *h = *at;
+        if (h == NULL) {
+            if (!wait_all || l25_parked_out == 0 || l25_parked_mine) break;
+            hak_unlock(&l25_heap_lock); /* (another pass has one: a moment) */
+            syscall(SYS_sched_yield);
+            hak_lock(&l25_heap_lock);
+            continue;
+        }
+        *at = h->next_free;
+        l25_parked_out++;
+        l25_parked_mine++;
+        hak_unlock(&l25_heap_lock);
+        fn(h, arg);
+        hak_lock(&l25_heap_lock);
+        l25_parked_mine--;
+        l25_parked_out--;
+        h->park_pass = pass;
+        h->next_free = l25_heaps_free;
+        l25_heaps_free = h;
+    }
+    hak_unlock(&l25_heap_lock);
+}
+
+static void l25_parked_trim(struct l25_heap *h, void *released) {
+    *(bool *)released |= l25_heap_trim(h);
+}
+
 bool l25_trim(void) {
     bool released = false;
-    /* This thread's heap, and those of exited threads (ours while we hold
-     * the lock); other threads' heaps are theirs. */
+    /* This thread's heap, and those of exited threads (each the pass's while
+     * it is off the list); other threads' heaps are theirs. */
     if (hak_tc.l25) released |= l25_heap_trim(hak_tc.l25);
     released |= l25_spares_age(0, true);
-    hak_lock(&l25_heap_lock);
-    for (struct l25_heap *h = l25_heaps_free; h; h = h->next_free)
-        released |= l25_heap_trim(h);
+    l25_parked_each(l25_parked_trim, &released, true);
     /* Live threads' heaps are theirs, but not the blocks other threads
-     * freed to them: a thread that went idle would keep those for good. */
-    for (struct l25_heap *h = l25_heaps_all; h; h = h->next_all)
-        if (h != hak_tc.l25) released |= l25_remote_decommit(h);
+     * freed to them: a thread that went idle would keep those for good.
+     * (The list only grows at its head, and heaps are never unmapped: walked
+     * from the head read under the lock, without it.) */
+    hak_lock(&l25_heap_lock);
+    struct l25_heap *all = l25_heaps_all;
     hak_unlock(&l25_heap_lock);
+    for (struct l25_heap *h = all; h; h = h->next_all)
+        if (h != hak_tc.l25) released |= l25_remote_decommit(h);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];
@@ -1382,6 +1436,13 @@ static bool l25_due_shard(struct l25_shard *s, void *arg) {
     return false;
 }
 
+/* A parked heap's ageing; *next becomes its next due time if sooner. */
+static void l25_parked_age(struct l25_heap *h, void *next) {
+    l25_heap_age(h, hak_now_ms());
+    uint64_t due = l25_heap_due(h);
+    if (due < *(uint64_t *)next) *(uint64_t *)next = due;
+}
+
 uint64_t l25_age_next(void) {
     l25_age(); /* the pass over the partly used bundles, when due */
     struct l25_due d = {.next = UINT64_MAX, .dirty = false};
@@ -1392,13 +1453,7 @@ uint64_t l25_age_next(void) {
     if (spares < next) next = spares;
     /* The heaps of exited threads: what was freed to them since, and their
      * ageing (a live thread ages its own, on its slow path). */
-    hak_lock(&l25_heap_lock);
-    for (struct l25_heap *h = l25_heaps_free; h; h = h->next_free) {
-        l25_heap_age(h, hak_now_ms());
-        uint64_t due = l25_heap_due(h);
-        if (due < next) next = due;
-    }
-    hak_unlock(&l25_heap_lock);
+    l25_parked_each(l25_parked_age, &next, false);
     return next;
 }
 

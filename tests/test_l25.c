@@ -1007,6 +1007,72 @@ static void test_shard_purge_races_aligned_calls(void **state) {
     hak_cfg.bigcache_age_ms = age;
 }
 
+/* A pass over the parked heaps (a trim's, the background thread's) makes
+ * its system calls without l25_heap_lock, which a thread's first L2.5
+ * malloc takes for a heap: the hook, inside the trim's decommit of a parked
+ * heap's free blocks, has a thread make its first L2.5 malloc and waits for
+ * it (a hang limit: under the lock it would wait for good). */
+static uint8_t *park_lo, *park_hi;
+static _Atomic int park_step; /* 0: idle, 1: asked, 2: done */
+static _Atomic bool park_seen, park_waited_out;
+static void *park_live[4];
+
+static void *park_owner(void *arg) {
+    (void)arg;
+    uint8_t *b[6];
+    for (int i = 0; i < 6; i++)
+        memset(b[i] = malloc(200 << 10), i + 1, 200 << 10);
+    free(b[1]);
+    free(b[3]); /* free blocks with pages, between live ones, at its exit */
+    park_live[0] = b[0], park_live[1] = b[2], park_live[2] = b[4], park_live[3] = b[5];
+    return NULL;
+}
+
+static void *park_newcomer(void *arg) {
+    (void)arg;
+    while (atomic_load(&park_step) == 0)
+        sched_yield();
+    free(malloc(200 << 10)); /* its first: a heap */
+    atomic_store(&park_step, 2);
+    return NULL;
+}
+
+static void park_hook(void *p, size_t size) {
+    if ((uint8_t *)p < park_lo || (uint8_t *)p + size > park_hi ||
+        atomic_exchange(&park_seen, true))
+        return;
+    atomic_store(&park_step, 1);
+    int64_t t0 = hak_test_now_ms(), limit = hak_test_limit_ms(5000);
+    while (atomic_load(&park_step) != 2 && hak_test_now_ms() - t0 < limit)
+        sched_yield();
+    atomic_store(&park_waited_out, atomic_load(&park_step) != 2);
+}
+
+static void test_parked_heaps_passed_outside_the_lock(void **state) {
+    (void)state;
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    hak_cfg.bigcache_age_ms = 3600 * 1000; /* no ageing takes them first */
+    run_in_thread(park_owner, NULL);
+    struct l25_bundle *b = bundle_of(park_live[0]);
+    park_lo = b->base;
+    park_hi = b->base + b->span;
+    atomic_store(&park_step, 0);
+    atomic_store(&park_seen, false);
+    atomic_store(&park_waited_out, false);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, park_newcomer, NULL), 0);
+    atomic_store(&os_decommit_hook, park_hook);
+    malloc_trim(0);
+    atomic_store(&os_decommit_hook, NULL);
+    atomic_store(&park_step, 1); /* (the newcomer goes, if the hook never asked) */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    hak_cfg.bigcache_age_ms = age;
+    assert_true(atomic_load(&park_seen)); /* the trim reached the parked heap */
+    assert_false(atomic_load(&park_waited_out));
+    for (int i = 0; i < 4; i++)
+        free(park_live[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
@@ -1040,6 +1106,7 @@ int main(void) {
         cmocka_unit_test(test_spare_of_same_class_first),
         cmocka_unit_test(test_shard_purge_outside_its_lock),
         cmocka_unit_test(test_shard_purge_races_aligned_calls),
+        cmocka_unit_test(test_parked_heaps_passed_outside_the_lock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
