@@ -892,68 +892,86 @@ static void test_trim_reaches_blocks_freed_to_idle_thread(void **state) {
     assert_int_equal(resident, 0);
 }
 
-/* A shard's purge makes its madvise calls without the shard's lock: an
- * aligned malloc and free of the class, which take it, do not wait behind
- * them (they waited behind the pass's hundreds of calls, a trim's or the
- * ageing's every age). The hook, inside the trim's decommit of one of the
- * test's free blocks, has another thread make such a call and waits for it:
- * a hang limit, since under the lock it would wait for good. */
-static uint8_t *purge_lo, *purge_hi;
-static size_t purge_size;
-static _Atomic int purge_step; /* 0: idle, 1: asked, 2: done */
-static _Atomic bool purge_seen, purge_waited_out;
+/* A probe of what a pass holds while it gives pages back: a malloc_trim
+ * runs with os_decommit_hook set; inside the first decommit that falls in
+ * [lo, hi), the hook has a thread waiting beside it make a call (`call`)
+ * and waits for it, up to a hang limit: a call that needs a lock the pass
+ * holds over the madvise would wait for good. */
+struct lock_probe {
+    uint8_t *lo, *hi;
+    void (*call)(void);
+    _Atomic int step; /* 0: idle, 1: asked, 2: done */
+    _Atomic bool seen, waited_out;
+};
+static struct lock_probe probe;
 
-static void *purge_helper(void *arg) {
+static void *probe_caller(void *arg) {
     (void)arg;
-    while (atomic_load(&purge_step) == 0)
+    while (atomic_load(&probe.step) == 0)
         sched_yield();
-    void *p = NULL;
-    if (posix_memalign(&p, 4096, purge_size) == 0) free(p);
-    atomic_store(&purge_step, 2);
+    probe.call();
+    atomic_store(&probe.step, 2);
     return NULL;
 }
 
-static void purge_hook(void *p, size_t size) {
-    if ((uint8_t *)p < purge_lo || (uint8_t *)p + size > purge_hi ||
-        atomic_exchange(&purge_seen, true))
+static void probe_hook(void *p, size_t size) {
+    if ((uint8_t *)p < probe.lo || (uint8_t *)p + size > probe.hi ||
+        atomic_exchange(&probe.seen, true))
         return;
-    atomic_store(&purge_step, 1);
+    atomic_store(&probe.step, 1);
     int64_t t0 = hak_test_now_ms(), limit = hak_test_limit_ms(5000);
-    while (atomic_load(&purge_step) != 2 && hak_test_now_ms() - t0 < limit)
+    while (atomic_load(&probe.step) != 2 && hak_test_now_ms() - t0 < limit)
         sched_yield();
-    atomic_store(&purge_waited_out, atomic_load(&purge_step) != 2);
+    atomic_store(&probe.waited_out, atomic_load(&probe.step) != 2);
+}
+
+/* malloc_trim with the probe on bundle b's span: it reached a decommit
+ * there, and `call` did not wait behind it. */
+static void trim_probed(const struct l25_bundle *b, void (*call)(void)) {
+    probe.lo = b->base;
+    probe.hi = b->base + b->span;
+    probe.call = call;
+    atomic_store(&probe.step, 0);
+    atomic_store(&probe.seen, false);
+    atomic_store(&probe.waited_out, false);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, probe_caller, NULL), 0);
+    atomic_store(&os_decommit_hook, probe_hook);
+    malloc_trim(0);
+    atomic_store(&os_decommit_hook, NULL);
+    atomic_store(&probe.step, 1); /* (the caller goes, if the hook never asked) */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(atomic_load(&probe.seen)); /* the trim gave pages of b back */
+    assert_false(atomic_load(&probe.waited_out));
+}
+
+/* A shard's purge makes its madvise calls without the shard's lock: an
+ * aligned malloc and free of the class, which take it, do not wait behind
+ * them (they waited behind the pass's hundreds of calls, a trim's or the
+ * ageing's every age). */
+#define PURGE_SIZE ((size_t)96 << 10)
+
+static void aligned_call(void) {
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, PURGE_SIZE) == 0) free(p);
 }
 
 static void test_shard_purge_outside_its_lock(void **state) {
     (void)state;
     uint64_t age = hak_cfg.bigcache_age_ms;
     hak_cfg.bigcache_age_ms = 3600 * 1000; /* no ageing pass takes them first */
-    purge_size = 96 << 10;
     uint8_t *blk[8];
     for (int i = 0; i < 8; i++) {
-        assert_int_equal(posix_memalign((void **)&blk[i], 4096, purge_size), 0);
-        memset(blk[i], i + 1, purge_size); /* pages, for the purge to give back */
+        assert_int_equal(posix_memalign((void **)&blk[i], 4096, PURGE_SIZE), 0);
+        memset(blk[i], i + 1, PURGE_SIZE); /* pages, for the purge to give back */
     }
     /* One shared (aligned) bundle, its free blocks between live ones. */
     struct l25_bundle *b = bundle_of(blk[0]);
     assert_ptr_equal(b->owner, L25_SHARED);
-    purge_lo = b->base;
-    purge_hi = b->base + b->span;
     for (int i = 1; i < 8; i += 2)
         free(blk[i]);
-    pthread_t t;
-    atomic_store(&purge_step, 0);
-    atomic_store(&purge_seen, false);
-    atomic_store(&purge_waited_out, false);
-    assert_int_equal(pthread_create(&t, NULL, purge_helper, NULL), 0);
-    atomic_store(&os_decommit_hook, purge_hook);
-    malloc_trim(0);
-    atomic_store(&os_decommit_hook, NULL);
-    atomic_store(&purge_step, 1); /* (the helper goes, if the hook never asked) */
-    assert_int_equal(pthread_join(t, NULL), 0);
+    trim_probed(b, aligned_call);
     hak_cfg.bigcache_age_ms = age;
-    assert_true(atomic_load(&purge_seen)); /* the trim purged the test's blocks */
-    assert_false(atomic_load(&purge_waited_out));
     for (int i = 0; i < 8; i += 2)
         free(blk[i]);
 }
@@ -1009,12 +1027,7 @@ static void test_shard_purge_races_aligned_calls(void **state) {
 
 /* A pass over the parked heaps (a trim's, the background thread's) makes
  * its system calls without l25_heap_lock, which a thread's first L2.5
- * malloc takes for a heap: the hook, inside the trim's decommit of a parked
- * heap's free blocks, has a thread make its first L2.5 malloc and waits for
- * it (a hang limit: under the lock it would wait for good). */
-static uint8_t *park_lo, *park_hi;
-static _Atomic int park_step; /* 0: idle, 1: asked, 2: done */
-static _Atomic bool park_seen, park_waited_out;
+ * malloc takes for a heap. */
 static void *park_live[4];
 
 static void *park_owner(void *arg) {
@@ -1028,24 +1041,8 @@ static void *park_owner(void *arg) {
     return NULL;
 }
 
-static void *park_newcomer(void *arg) {
-    (void)arg;
-    while (atomic_load(&park_step) == 0)
-        sched_yield();
-    free(malloc(200 << 10)); /* its first: a heap */
-    atomic_store(&park_step, 2);
-    return NULL;
-}
-
-static void park_hook(void *p, size_t size) {
-    if ((uint8_t *)p < park_lo || (uint8_t *)p + size > park_hi ||
-        atomic_exchange(&park_seen, true))
-        return;
-    atomic_store(&park_step, 1);
-    int64_t t0 = hak_test_now_ms(), limit = hak_test_limit_ms(5000);
-    while (atomic_load(&park_step) != 2 && hak_test_now_ms() - t0 < limit)
-        sched_yield();
-    atomic_store(&park_waited_out, atomic_load(&park_step) != 2);
+static void first_l25_call(void) {
+    free(malloc(200 << 10)); /* the probe's thread's first: a heap */
 }
 
 static void test_parked_heaps_passed_outside_the_lock(void **state) {
@@ -1053,22 +1050,8 @@ static void test_parked_heaps_passed_outside_the_lock(void **state) {
     uint64_t age = hak_cfg.bigcache_age_ms;
     hak_cfg.bigcache_age_ms = 3600 * 1000; /* no ageing takes them first */
     run_in_thread(park_owner, NULL);
-    struct l25_bundle *b = bundle_of(park_live[0]);
-    park_lo = b->base;
-    park_hi = b->base + b->span;
-    atomic_store(&park_step, 0);
-    atomic_store(&park_seen, false);
-    atomic_store(&park_waited_out, false);
-    pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, park_newcomer, NULL), 0);
-    atomic_store(&os_decommit_hook, park_hook);
-    malloc_trim(0);
-    atomic_store(&os_decommit_hook, NULL);
-    atomic_store(&park_step, 1); /* (the newcomer goes, if the hook never asked) */
-    assert_int_equal(pthread_join(t, NULL), 0);
+    trim_probed(bundle_of(park_live[0]), first_l25_call);
     hak_cfg.bigcache_age_ms = age;
-    assert_true(atomic_load(&park_seen)); /* the trim reached the parked heap */
-    assert_false(atomic_load(&park_waited_out));
     for (int i = 0; i < 4; i++)
         free(park_live[i]);
 }
