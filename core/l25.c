@@ -36,7 +36,12 @@ struct l25_shard {
      * every pass, from whichever allocating thread made it). */
     _Atomic bool work;
     uint64_t refills, flushes, carved_bytes;
+    uint32_t purging; /* bundles with free blocks out for a purge (l25_shard_purge) */
 };
+
+/* This thread has a shard's free blocks out for a purge (l25_shard_purge):
+ * a signal handler's take inside it must not wait for them. */
+static __thread uint32_t l25_purging_mine;
 
 HAK_HIDDEN struct l25_bundle *l25_desc[L25_MAX_BUNDLES / L25_DESC_CHUNK];
 
@@ -448,7 +453,18 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
     struct l25_todo todo = {.n = 0};
     hak_lock(&s->lock);
     s->refills++;
-    struct l25_bundle *b = s->partial;
+    struct l25_bundle *b;
+    for (;;) {
+        /* (Past bundles whose free blocks are all out for a purge.) */
+        for (b = s->partial; b && b->navail == 0; b = b->next)
+            ;
+        if (b || s->empty || s->purging == 0 || l25_purging_mine) break;
+        /* Every free block is out for a purge: back in a moment, rather
+         * than a bundle mapped (or ENOMEM) beside them. */
+        hak_unlock(&s->lock);
+        syscall(SYS_sched_yield);
+        hak_lock(&s->lock);
+    }
     if (b == NULL && (b = s->empty) != NULL) { /* a committed one first */
         l25_empty_unlink(s, b);
         l25_list_push(&s->partial, b);
@@ -1073,6 +1089,25 @@ static uint64_t l25_dirty_runs(const struct l25_bundle *b, uint32_t w, uint64_t 
     return runs;
 }
 
+/* What of the runs l25_dirty_runs finds a shard's purge takes out of b
+ * while it gives their pages back: of each run, from its first block that
+ * may hold pages to its last, and the free block on either side of those
+ * (whose pages they may share), not the rest, which a refill may take
+ * meanwhile (a run of never used blocks behind one freed block was the whole
+ * of a bundle's free blocks). */
+static uint64_t l25_dirty_spans(const struct l25_bundle *b, uint32_t w, uint64_t eligible) {
+    uint64_t bits = b->avail[w] & eligible, spans = 0;
+    for (uint64_t run; (run = l25_next_run(&bits)) != 0;) {
+        uint64_t d = run & b->dirty[w];
+        if (d == 0) continue;
+        uint32_t lo = (uint32_t)__builtin_ctzll(d), hi = 63u - (uint32_t)__builtin_clzll(d);
+        if (lo > 0 && (run >> (lo - 1) & 1)) lo--;
+        if (hi < 63 && (run >> (hi + 1) & 1)) hi++;
+        spans |= (hi - lo == 63 ? ~(uint64_t)0 : (((uint64_t)1 << (hi - lo + 1)) - 1) << lo);
+    }
+    return spans;
+}
+
 /* Decommit the free blocks of b among `eligible` that may hold pages: its
  * owner's (a heap's bundle). (Tracked bundles have at most 64 blocks: one
  * word.) */
@@ -1304,53 +1339,42 @@ static bool l25_sweep(uint64_t now, bool (*visit)(struct l25_shard *, void *), v
  * the previous pass and never taken since: a whole period unused, whatever
  * else the bundle saw; and any other but the L25_KEEP_FREE lowest of the
  * shard's first bundle, the ones its refills take next), decommitted
- * without the shard's lock: under it they are taken out of their bundles
- * (as a refill takes blocks: a bundle with none left leaves the partial
- * list), and they come back once their pages are gone. An aligned or
- * uncached malloc or free of the class took the lock and waited behind the
- * pass's hundreds of madvise calls. L25_PURGE_BATCH bundles at a time. */
+ * without the shard's lock: under it they are taken out of their bundles,
+ * which stay where they are on the partial list (a refill passes over a
+ * bundle with none left; s->purging says blocks are out, and a refill that
+ * finds no other waits for them rather than mapping a bundle), and they come
+ * back once their pages are gone. An aligned or uncached malloc or free of
+ * the class took the lock and waited behind the pass's hundreds of madvise
+ * calls. L25_PURGE_BATCH bundles at a time, from the list's head each time
+ * (those done have no such block left; bounded, since frees meanwhile bring
+ * more). */
 static bool l25_shard_purge(struct l25_shard *s, bool all) {
     struct {
         struct l25_bundle *b;
         uint64_t bits;
     } out[L25_PURGE_BATCH];
     bool released = false;
-    struct l25_bundle *from = NULL; /* (the next batch: after the last one looked at) */
-    /* (Bounded: bundles other threads put back at the list's front, ahead of
-     * `from`, are looked at again.) */
     for (uint32_t round = 0; round < 64; round++) {
         uint32_t n = 0;
         hak_lock(&s->lock);
-        struct l25_bundle *b = s->partial;
-        /* (A bundle of the last batch that went back onto the list went to
-         * its front: behind `from` only bundles not looked at.) */
-        if (from != NULL)
-            for (b = s->partial; b && b != from; b = b->next)
-                ;
-        for (; b && n < L25_PURGE_BATCH; b = b->next) {
+        for (struct l25_bundle *b = s->partial; b && n < L25_PURGE_BATCH; b = b->next) {
             if (b->dirty == NULL) continue;
             uint64_t keep = 0, avail = b->avail1 & b->dirty1;
             for (int k = 0; !all && k < L25_KEEP_FREE && avail && b == s->partial; k++) {
                 keep |= avail & -avail;
                 avail &= avail - 1;
             }
-            uint64_t bits = l25_dirty_runs(b, 0, all ? ~(uint64_t)0 : b->stale1 | ~keep);
+            uint64_t bits = l25_dirty_spans(b, 0, all ? ~(uint64_t)0 : b->stale1 | ~keep);
             b->dirty1 &= ~bits;
             b->avail1 &= ~bits;
             b->navail -= (uint32_t)__builtin_popcountll(bits);
             if (!all) b->stale1 = b->avail1 & b->dirty1; /* free now, pages and all */
             if (bits) out[n++].b = b, out[n - 1].bits = bits;
         }
-        from = b;
-        /* Out of the refills' way, as l25_take_from leaves them. */
-        for (uint32_t k = 0; k < n; k++)
-            if (out[k].b->navail == 0 && out[k].b->listed) {
-                l25_list_remove(&s->partial, out[k].b);
-                out[k].b->listed = false;
-            }
-        if (from != NULL && !from->listed) from = NULL; /* (it left the list: no batch after it) */
+        s->purging += n;
         hak_unlock(&s->lock);
         if (n == 0) break;
+        l25_purging_mine++;
         for (uint32_t k = 0; k < n; k++) {
             uint64_t runs = out[k].bits;
             for (uint64_t run; (run = l25_next_run(&runs)) != 0;)
@@ -1366,9 +1390,10 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
                 b->avail1 |= out[k].bits;
                 b->hint = 0;
                 b->navail += (uint32_t)__builtin_popcountll(out[k].bits);
+                s->purging--;
                 if (b->navail == b->nblocks - b->first) {
                     l25_became_empty(s, b, &todo);
-                } else if (!b->listed) {
+                } else if (!b->listed) { /* (a refill took its last other block) */
                     l25_list_push(&s->partial, b);
                     b->listed = true;
                 }
@@ -1377,7 +1402,8 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
             hak_unlock(&s->lock);
             if (todo.n) l25_release(s, &todo);
         }
-        if (from == NULL) break;
+        l25_purging_mine--;
+        bell_ring(); /* (an empty bundle, to age) */
     }
     return released;
 }
@@ -1465,6 +1491,15 @@ void l25_fork_prepare(void) {
             pthread_mutex_lock(&l25_shards[cls][sh].lock);
     pthread_mutex_lock(&l25_heap_lock);
     pthread_mutex_lock(&l25_desc_lock);
+}
+
+void l25_fork_child(void) {
+    /* A purge of the parent's other threads had blocks out: they stay out
+     * here (a leak, as those threads' heaps are), and no refill waits for
+     * them. */
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+        for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
+            l25_shards[cls][sh].purging = 0;
 }
 
 void l25_fork_release(void) {

@@ -235,6 +235,8 @@ uint64_t l25_age_next(void);
  * child alike: in the child the forking thread, their owner, is the only one). */
 void l25_fork_prepare(void);
 void l25_fork_release(void);
+/* In a fork child, after l25_fork_release: what other threads had in hand. */
+void l25_fork_child(void);
 
 struct l25_stats {
     uint64_t bundles_mapped, bundles_unmapped, bytes_mapped; /* bytes_mapped: now */

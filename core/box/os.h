@@ -162,8 +162,8 @@ uint64_t os_fault_site_calls(enum os_site s);
 uint64_t os_fault_site_failed(enum os_site s);
 const char *os_fault_site_name(enum os_site s);
 #ifndef __cplusplus /* (C++ has no _Atomic; test_cxx.cc needs none of it) */
-/* Called after every decommit madvise (range and all) while set: a test's
- * look at what the caller holds then. */
+/* Called after every decommit (range and all; made, or failed by the
+ * window above) while set: a test's look at what the caller holds then. */
 extern void (*_Atomic os_decommit_hook)(void *p, size_t size);
 #endif
 /* os_guard_add and os_guard_remove use mprotect, as on a kernel without

@@ -88,6 +88,7 @@ static void life_fork_parent(void) {
 static void life_fork_child(void) {
     os_fork_child();
     life_fork_release();
+    l25_fork_child();
     large_fork_child();
     bg_fork_child(); /* last: starting a thread allocates */
 }
