@@ -454,15 +454,17 @@ static uint32_t l25_take(uint32_t cls, uint32_t sh, void **out, uint32_t want) {
     hak_lock(&s->lock);
     s->refills++;
     struct l25_bundle *b;
-    for (;;) {
+    for (unsigned tries = 0;; tries++) {
         /* (Past bundles whose free blocks are all out for a purge.) */
         for (b = s->partial; b && b->navail == 0; b = b->next)
             ;
-        if (b || s->empty || s->purging == 0 || l25_purging_mine) break;
+        /* (Not inside fork's handlers: the purger may wait for a lock the
+         * forking thread holds, or be in the parent.) */
+        if (b || s->empty || s->purging == 0 || l25_purging_mine || hak_in_fork) break;
         /* Every free block is out for a purge: back in a moment, rather
          * than a bundle mapped (or ENOMEM) beside them. */
         hak_unlock(&s->lock);
-        syscall(SYS_sched_yield);
+        hak_backoff(tries);
         hak_lock(&s->lock);
     }
     if (b == NULL && (b = s->empty) != NULL) { /* a committed one first */
@@ -708,8 +710,9 @@ static bool l25_spares_age(uint64_t now, bool all) {
 }
 
 /* A thread's bundles of the tier's own classes: everything in it is its
- * thread's alone (a parked heap's: whoever holds l25_heap_lock), but the
- * remote stack, which other threads push on, on a line of its own. */
+ * thread's alone (a parked heap's: the pass that took it off the list,
+ * l25_parked_each), but the remote stack, which other threads push on, on a
+ * line of its own. */
 struct l25_heap {
     /* Blocks other threads freed, linked through the first word of their
      * colouring gap (the line their state byte is on). */
@@ -1142,9 +1145,9 @@ static bool l25_heap_purge(struct l25_heap *h) {
     return released;
 }
 
-/* h's ageing (its owner's, or a parked heap's under l25_heap_lock): its
- * remote frees taken back, its empty bundles aged, and its free blocks'
- * pass when due. */
+/* h's ageing (its owner's, or a parked heap's, by the pass that has it off
+ * the list): its remote frees taken back, its empty bundles aged, and its
+ * free blocks' pass when due. */
 static bool l25_heap_age(struct l25_heap *h, uint64_t now) {
     l25_drain(h);
     bool released = l25_heap_tidy(h, now, false);
@@ -1222,6 +1225,7 @@ static __thread uint32_t l25_parked_mine;
 static void l25_parked_each(void (*fn)(struct l25_heap *, void *), void *arg, bool wait_all) {
     hak_lock(&l25_heap_lock);
     uint64_t pass = ++l25_park_passes;
+    unsigned tries = 0;
     uint32_t budget = 8;
     for (struct l25_heap *h = l25_heaps_free; h; h = h->next_free)
         budget += 2;
@@ -1231,9 +1235,9 @@ static void l25_parked_each(void (*fn)(struct l25_heap *, void *), void *arg, bo
             at = &(*at)->next_free;
         struct l25_heap *h = *at;
         if (h == NULL) {
-            if (!wait_all || l25_parked_out == 0 || l25_parked_mine) break;
+            if (!wait_all || l25_parked_out == 0 || l25_parked_mine || hak_in_fork) break;
             hak_unlock(&l25_heap_lock); /* (another pass has one: a moment) */
-            syscall(SYS_sched_yield);
+            hak_backoff(tries++);
             hak_lock(&l25_heap_lock);
             continue;
         }
@@ -1364,7 +1368,9 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
                 keep |= avail & -avail;
                 avail &= avail - 1;
             }
-            uint64_t bits = l25_dirty_spans(b, 0, all ? ~(uint64_t)0 : b->stale1 | ~keep);
+            /* (stale1 as the previous pass left it: round 0 sets it anew.) */
+            uint64_t stale = round == 0 ? b->stale1 : 0;
+            uint64_t bits = l25_dirty_spans(b, 0, all ? ~(uint64_t)0 : stale | ~keep);
             b->dirty1 &= ~bits;
             b->avail1 &= ~bits;
             b->navail -= (uint32_t)__builtin_popcountll(bits);
@@ -1372,9 +1378,9 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
             if (bits) out[n++].b = b, out[n - 1].bits = bits;
         }
         s->purging += n;
+        l25_purging_mine += n > 0; /* (before the unlock: a handler's take then) */
         hak_unlock(&s->lock);
         if (n == 0) break;
-        l25_purging_mine++;
         for (uint32_t k = 0; k < n; k++) {
             uint64_t runs = out[k].bits;
             for (uint64_t run; (run = l25_next_run(&runs)) != 0;)
@@ -1494,12 +1500,13 @@ void l25_fork_prepare(void) {
 }
 
 void l25_fork_child(void) {
-    /* A purge of the parent's other threads had blocks out: they stay out
-     * here (a leak, as those threads' heaps are), and no refill waits for
-     * them. */
+    /* A purge of the parent's other threads had blocks out, a pass over
+     * the parked heaps one of them: they stay out here (a leak, as those
+     * threads' heaps are), and no refill or trim waits for them. */
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             l25_shards[cls][sh].purging = 0;
+    l25_parked_out = 0; /* (and the parked heaps their passes had out) */
 }
 
 void l25_fork_release(void) {

@@ -21,7 +21,9 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 
 static struct l25_stats stats(void) {
@@ -1060,7 +1062,122 @@ static void test_parked_heaps_passed_outside_the_lock(void **state) {
         free(park_live[i]);
 }
 
-int main(void) {
+/* A fork while another thread's trim has a parked heap off the list (inside
+ * its decommit): the child's own malloc_trim returns (it waited for that
+ * heap, which never comes back there, for good). */
+static _Atomic int fork_inside, fork_release;
+
+static void fork_hook(void *p, size_t size) {
+    if ((uint8_t *)p < probe.lo || (uint8_t *)p + size > probe.hi) return;
+    atomic_store(&fork_inside, 1);
+    while (!atomic_load(&fork_release))
+        sched_yield();
+}
+
+static void *fork_trimmer(void *arg) {
+    (void)arg;
+    malloc_trim(0);
+    return NULL;
+}
+
+static void child_trims(void *arg) {
+    (void)arg;
+    atomic_store(&os_decommit_hook, NULL);
+    malloc_trim(0);
+}
+
+static void test_fork_inside_parked_pass(void **state) {
+    (void)state;
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    hak_cfg.bigcache_age_ms = 3600 * 1000;
+    run_in_thread(park_owner, NULL);
+    struct l25_bundle *b = bundle_of(park_live[0]);
+    probe.lo = b->base;
+    probe.hi = b->base + b->span;
+    atomic_store(&fork_inside, 0);
+    atomic_store(&fork_release, 0);
+    atomic_store(&os_decommit_hook, fork_hook);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fork_trimmer, NULL), 0);
+    int64_t t0 = hak_test_now_ms();
+    while (!atomic_load(&fork_inside) && hak_test_now_ms() - t0 < hak_test_limit_ms(5000))
+        sched_yield();
+    bool inside = atomic_load(&fork_inside);
+    struct death d;
+    if (inside) run_child(child_trims, NULL, &d);
+    atomic_store(&fork_release, 1);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    atomic_store(&os_decommit_hook, NULL);
+    hak_cfg.bigcache_age_ms = age;
+    assert_true(inside); /* the trim reached the parked heap */
+    assert_not_hung(&d);
+    assert_true(WIFEXITED(d.status) && WEXITSTATUS(d.status) == 0);
+    for (int i = 0; i < 4; i++)
+        free(park_live[i]);
+}
+
+/* The ageing pass keeps the L25_KEEP_FREE lowest free blocks with pages of a
+ * shard's first bundle (the next refills take them) and gives back the
+ * other free blocks' pages: in a fresh process (the pass's clock is its
+ * own), with HAKMEM_BIGCACHE_AGE_MS=20, one aligned bundle, its odd blocks
+ * freed, up to the first pass that gives pages back. Prints "kept K purged
+ * P". */
+#define KEEP_N 10
+
+static bool page_resident(const uint8_t *p) {
+    unsigned char v = 0;
+    const void *pg = (const void *)(((uintptr_t)p + 8192) & ~(uintptr_t)4095);
+    return mincore((void *)pg, 4096, &v) == 0 && (v & 1);
+}
+
+static int keep_main(void) {
+    uint8_t *b[KEEP_N];
+    for (int i = 0; i < KEEP_N; i++) {
+        if (posix_memalign((void **)&b[i], 4096, PURGE_SIZE) != 0) return 2;
+        memset(b[i], i + 1, PURGE_SIZE);
+    }
+    for (int i = 1; i < KEEP_N; i += 2)
+        free(b[i]);
+    /* The first pass that gives pages back (an earlier one, made at the
+     * process's start under the default age, may set the next one later
+     * than ours would be). */
+    uint64_t before = stats().free_decommitted;
+    int64_t t0 = hak_test_now_ms();
+    while (stats().free_decommitted == before && hak_test_now_ms() - t0 < hak_test_limit_ms(3000)) {
+        struct timespec ts = {0, 30 * 1000000};
+        nanosleep(&ts, NULL);
+        l25_age();
+    }
+    int kept = page_resident(b[1]) + page_resident(b[3]), purged = 0;
+    for (int i = 5; i < KEEP_N; i += 2)
+        purged += !page_resident(b[i]);
+    fprintf(stderr, "kept %d purged %d\n", kept, purged);
+    return 0;
+}
+
+static void exec_keep(void *arg) {
+    (void)arg;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) _exit(20);
+    self[n] = 0;
+    setenv("HAKMEM_BIGCACHE_AGE_MS", "20", 1);
+    char *argv[] = {self, "--keep", NULL};
+    execv(self, argv);
+    _exit(21);
+}
+
+static void test_ageing_keeps_refills_blocks(void **state) {
+    (void)state;
+    struct death d;
+    run_child(exec_keep, NULL, &d);
+    assert_not_hung(&d);
+    assert_true(WIFEXITED(d.status) && WEXITSTATUS(d.status) == 0);
+    assert_string_equal(d.err, "kept 2 purged 3\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--keep") == 0) return keep_main();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
         cmocka_unit_test(test_trim_reaches_blocks_freed_to_idle_thread),
@@ -1094,6 +1211,8 @@ int main(void) {
         cmocka_unit_test(test_shard_purge_outside_its_lock),
         cmocka_unit_test(test_shard_purge_races_aligned_calls),
         cmocka_unit_test(test_parked_heaps_passed_outside_the_lock),
+        cmocka_unit_test(test_fork_inside_parked_pass),
+        cmocka_unit_test(test_ageing_keeps_refills_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
