@@ -169,6 +169,19 @@ static inline void expect_free_abort(void (*fn)(void *), void *p, const char *wh
     expect_death(fn, p, line);
 }
 
+/* In a run_child child: this test program again, as `<self> mode` (its
+ * main's own mode, a fresh process: nothing of the parent's allocator state
+ * carried over); exits 20 or 21 when that cannot be. */
+static inline void exec_self_as(const char *mode) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) _exit(20);
+    self[n] = 0;
+    char *argv[] = {self, (char *)mode, NULL};
+    execv(self, argv);
+    _exit(21);
+}
+
 /* Pointers travel through a volatile so the compiler cannot diagnose or
  * fold the deliberately bad calls. */
 static inline void do_free(void *p) {

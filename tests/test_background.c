@@ -434,10 +434,6 @@ struct spawn {
 
 static void exec_self(void *arg) {
     const struct spawn *s = arg;
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) _exit(20);
-    self[n] = 0;
     if (s->background)
         setenv("HAKMEM_BACKGROUND", s->background, 1);
     else
@@ -445,9 +441,7 @@ static void exec_self(void *arg) {
     char age[16];
     snprintf(age, sizeof age, "%d", AGE_MS);
     setenv("HAKMEM_BIGCACHE_AGE_MS", age, 1);
-    char *argv[] = {self, (char *)s->mode, NULL};
-    execv(self, argv);
-    _exit(21);
+    exec_self_as(s->mode);
 }
 
 /* Run a mode in a fresh process; its stderr in d, every line of it shown. */

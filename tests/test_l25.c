@@ -1157,14 +1157,8 @@ static int keep_main(void) {
 
 static void exec_keep(void *arg) {
     (void)arg;
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) _exit(20);
-    self[n] = 0;
     setenv("HAKMEM_BIGCACHE_AGE_MS", "20", 1);
-    char *argv[] = {self, "--keep", NULL};
-    execv(self, argv);
-    _exit(21);
+    exec_self_as("--keep");
 }
 
 static void test_ageing_keeps_refills_blocks(void **state) {
