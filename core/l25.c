@@ -1081,23 +1081,14 @@ static bool l25_run_decommit(struct l25_bundle *b, uint32_t w, uint64_t run) {
     return true;
 }
 
-/* The runs of b's free blocks among `eligible` of word w that may hold
- * pages: a run of consecutive free blocks is one call, made when any of
- * them may hold pages (the pages its ends share with neighbours that were
- * live at the last look are in it now). */
-static uint64_t l25_dirty_runs(const struct l25_bundle *b, uint32_t w, uint64_t eligible) {
-    uint64_t bits = b->avail[w] & eligible, runs = 0;
-    for (uint64_t run; (run = l25_next_run(&bits)) != 0;)
-        if (b->dirty[w] & run) runs |= run;
-    return runs;
-}
-
-/* What of the runs l25_dirty_runs finds a shard's purge takes out of b
- * while it gives their pages back: of each run, from its first block that
- * may hold pages to its last, and the free block on either side of those
- * (whose pages they may share), not the rest, which a refill may take
- * meanwhile (a run of never used blocks behind one freed block was the whole
- * of a bundle's free blocks). */
+/* The free blocks of b among `eligible` of word w whose pages are to go:
+ * of each run of consecutive free blocks, from its first block that may
+ * hold pages to its last, and the free block on either side of those (the
+ * pages a block shares with a neighbour that was live at the last look are
+ * in it now); not the rest of the run, which never had pages since (and
+ * which a refill may take while a shard's purge has these out: a run of
+ * never used blocks behind one freed block was all of a bundle's free
+ * blocks). Each run of the result is one call. */
 static uint64_t l25_dirty_spans(const struct l25_bundle *b, uint32_t w, uint64_t eligible) {
     uint64_t bits = b->avail[w] & eligible, spans = 0;
     for (uint64_t run; (run = l25_next_run(&bits)) != 0;) {
@@ -1118,7 +1109,7 @@ static bool l25_decommit_free(struct l25_bundle *b, uint64_t eligible) {
     if (b->dirty == NULL) return false;
     bool any = false;
     for (uint32_t w = 0; w < l25_words(b->nblocks); w++) {
-        uint64_t runs = l25_dirty_runs(b, w, eligible);
+        uint64_t runs = l25_dirty_spans(b, w, eligible);
         b->dirty[w] &= ~runs;
         for (uint64_t run; (run = l25_next_run(&runs)) != 0;)
             any |= l25_run_decommit(b, w, run);
@@ -1311,7 +1302,7 @@ static bool l25_idle(struct l25_shard *s) {
 }
 
 /* Every shard's ageing step: under its lock, the empty bundles aged (by
- * their own clocks) and then visit(s, arg); the unmaps and decommits that
+ * their own clocks) and then visit(s, arg) if any; the unmaps and decommits that
  * asked for after the lock. True if some memory went back. */
 static bool l25_sweep(uint64_t now, bool (*visit)(struct l25_shard *, void *), void *arg) {
     bool released = false;
@@ -1322,7 +1313,7 @@ static bool l25_sweep(uint64_t now, bool (*visit)(struct l25_shard *, void *), v
             if (!atomic_load_explicit(&s->work, memory_order_relaxed)) continue;
             hak_lock(&s->lock);
             if (s->empty) l25_tidy_empty(s, now, &todo);
-            released |= visit(s, arg);
+            if (visit) released |= visit(s, arg);
             if (todo.n == 0 && l25_idle(s))
                 atomic_store_explicit(&s->work, false, memory_order_relaxed);
             hak_unlock(&s->lock);
@@ -1375,7 +1366,10 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
             b->avail1 &= ~bits;
             b->navail -= (uint32_t)__builtin_popcountll(bits);
             if (!all) b->stale1 = b->avail1 & b->dirty1; /* free now, pages and all */
-            if (bits) out[n++].b = b, out[n - 1].bits = bits;
+            if (bits) {
+                out[n].b = b;
+                out[n++].bits = bits;
+            }
         }
         s->purging += n;
         l25_purging_mine += n > 0; /* (before the unlock: a handler's take then) */
@@ -1414,13 +1408,8 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
     return released;
 }
 
-static bool l25_purge_none(struct l25_shard *s, void *arg) {
-    (void)s, (void)arg;
-    return false;
-}
-
 static bool l25_purge(uint64_t now) {
-    bool released = l25_sweep(now, l25_purge_none, NULL); /* (the empty bundles) */
+    bool released = l25_sweep(now, NULL, NULL); /* (the empty bundles) */
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             if (atomic_load_explicit(&l25_shards[cls][sh].work, memory_order_relaxed))
