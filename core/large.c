@@ -140,7 +140,7 @@ static inline uint64_t large_map_id(void) {
 #define LARGE_AHEAD_MAX ((size_t)256 << 10)
 static _Atomic uint32_t large_growing_live;
 
-/* BigCache: freed mappings kept for reuse, at most LARGE_CACHE_N of them
+/* BigCache: freed mappings kept for reuse, at most LARGE_CACHE_N a shard
  * and hak_cfg.bigcache_bytes together. A request takes the smallest one that
  * holds it and leaves the rest, from the first region boundary past the
  * request on, in the cache (the same pages, still resident: no fault when a
@@ -151,6 +151,21 @@ static _Atomic uint32_t large_growing_live;
  * are looked at on the tier's own calls, by the background thread
  * (large_age_next) and on malloc_trim. */
 #define LARGE_CACHE_N 64
+
+/* The BigCache is sharded: LARGE_SHARDS caches, each with its own lock and
+ * LARGE_CACHE_N entries, and every thread puts what it frees into its own
+ * shard (its home: handed out in turn, at its first look). Threads whose
+ * big blocks miss their own caches (large_tc) each take a lock of their
+ * own, not one that every thread takes, on a line no other thread writes.
+ * A request takes from its home first, then from the others that hold
+ * anything (a look at their counts without their locks). The bound,
+ * hak_cfg.bigcache_bytes, is for all of them together: a put pushes out its
+ * home's least recently freed entries first, then the other shards' (the
+ * fullest first). The parts of a split mapping merge again within a shard
+ * only. Ages are looked at in every shard at once, every quarter age, by
+ * whichever call comes first (large_age_look). A single thread has one
+ * shard: the BigCache as it was. */
+#define LARGE_SHARDS 16
 
 struct large_entry {
     struct large_hdr *h; /* unreadable once decommitted: the size is here */
@@ -166,15 +181,54 @@ struct large_entry {
 };
 
 struct large_cache {
-    pthread_mutex_t lock;
-    size_t bytes;     /* mapped bytes of all entries */
-    uint32_t n;       /* entries, in no order */
-    uint64_t aged_ms; /* last look at the ages */
+    _Alignas(64) pthread_mutex_t lock;
+    size_t bytes; /* mapped bytes of all entries */
+    uint32_t n;   /* entries, in no order */
     uint64_t decommits;
     uint64_t seq; /* frees so far */
+    /* n and bytes as of the last unlock: what other threads' looks read
+     * without the lock (large_shard_unlock). */
+    _Atomic uint32_t glance_n;
+    _Atomic size_t glance_bytes;
     struct large_entry e[LARGE_CACHE_N];
 };
-static struct large_cache large_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static struct large_cache large_caches[LARGE_SHARDS] = {
+    [0 ... LARGE_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+/* Threads given a home shard so far. */
+static _Atomic uint32_t large_homes;
+static __thread uint32_t large_home_at; /* this thread's home shard + 1; 0: none yet */
+
+static uint32_t large_home_index(void) {
+    if (hak_unlikely(large_home_at == 0))
+        large_home_at =
+            atomic_fetch_add_explicit(&large_homes, 1, memory_order_relaxed) % LARGE_SHARDS + 1;
+    return large_home_at - 1;
+}
+
+static inline void large_shard_lock(struct large_cache *lc) {
+    hak_lock(&lc->lock);
+}
+
+static inline void large_shard_unlock(struct large_cache *lc) {
+    atomic_store_explicit(&lc->glance_n, lc->n, memory_order_relaxed);
+    atomic_store_explicit(&lc->glance_bytes, lc->bytes, memory_order_relaxed);
+    hak_unlock(&lc->lock);
+}
+
+/* Whether shard lc may hold anything (read without its lock). */
+static inline bool large_shard_any(struct large_cache *lc) {
+    return atomic_load_explicit(&lc->glance_n, memory_order_relaxed) != 0;
+}
+
+/* Bytes the shards other than lc hold, as of their last unlocks. */
+static size_t large_others_bytes(const struct large_cache *lc) {
+    size_t b = 0;
+    for (uint32_t s = 0; s < LARGE_SHARDS; s++)
+        if (&large_caches[s] != lc)
+            b += atomic_load_explicit(&large_caches[s].glance_bytes, memory_order_relaxed);
+    return b;
+}
 
 /* The tier's counters. A thread adds its changes to its own copy and
  * publishes them (an atomic add per counter changed) every LARGE_BATCH
@@ -305,22 +359,33 @@ static struct large_entry large_cache_remove(struct large_cache *lc, uint32_t i)
     return e;
 }
 
-/* The least recently freed entry. Lock held, lc->n > 0. */
+/* The least recently freed entry: by the time of its free, then by its
+ * order there (a split-off rest keeps both, from the shard it was in).
+ * Lock held, lc->n > 0. */
 static uint32_t large_cache_oldest(const struct large_cache *lc) {
     uint32_t best = 0;
-    for (uint32_t i = 1; i < lc->n; i++)
-        if (lc->e[i].seq < lc->e[best].seq) best = i;
+    for (uint32_t i = 1; i < lc->n; i++) {
+        const struct large_entry *e = &lc->e[i], *b = &lc->e[best];
+        if (e->freed_ms < b->freed_ms || (e->freed_ms == b->freed_ms && e->seq < b->seq)) best = i;
+    }
     return best;
 }
 
-/* Make room for `size` more bytes and one more entry, evicting the least
- * recently freed into out[] (to be unmapped). Lock held; how many. */
-static uint32_t large_cache_room(struct large_cache *lc, size_t size, struct large_entry *out) {
+/* Make room in shard lc for `size` more bytes and one more entry,
+ * evicting its least recently freed into out[] (to be unmapped); the bytes
+ * of the other shards count towards the bound. Lock held; how many. *over:
+ * the bound is still passed, by what the other shards hold
+ * (large_cache_shed). */
+static uint32_t large_cache_room(struct large_cache *lc, size_t size, struct large_entry *out,
+                                 bool *over) {
+    size_t others = large_others_bytes(lc);
     uint32_t n = 0;
-    while (lc->n > 0 && (lc->n == LARGE_CACHE_N || lc->bytes + size > hak_cfg.bigcache_bytes)) {
+    while (lc->n > 0 &&
+           (lc->n == LARGE_CACHE_N || others + lc->bytes + size > hak_cfg.bigcache_bytes)) {
         out[n] = large_cache_remove(lc, large_cache_oldest(lc));
         out[n++].freed_ms = 0;
     }
+    *over = others + lc->bytes + size > hak_cfg.bigcache_bytes;
     return n;
 }
 
@@ -334,7 +399,6 @@ static void large_cache_insert(struct large_cache *lc, struct large_entry e) {
 static uint32_t large_cache_scan(struct large_cache *lc, uint64_t now, struct large_entry *out) {
     uint64_t age = hak_cfg.bigcache_age_ms;
     uint32_t n = 0;
-    lc->aged_ms = now;
     for (uint32_t i = 0; i < lc->n;) {
         uint64_t idle = now - lc->e[i].freed_ms;
         if (idle >= 2 * age || (idle >= age && !lc->e[i].decommitted))
@@ -345,29 +409,14 @@ static uint32_t large_cache_scan(struct large_cache *lc, uint64_t now, struct la
     return n;
 }
 
-/* large_cache_scan, every quarter age at most: the scan is not free; what
- * it took out goes to out[*n] on. True when it looked (then the spares and the threads' caches are
- * looked at too; a test of aged_ms == now was true on every call in the millisecond of a look, each
- * of them taking the spares' lock). */
-static bool large_cache_expire(struct large_cache *lc, uint64_t now, struct large_entry *out,
-                               uint32_t *n) {
-    if (now - lc->aged_ms < hak_cfg.bigcache_age_ms / 4) return false;
-    *n += large_cache_scan(lc, now, out + *n);
-    return true;
-}
-
 static void large_cache_merge(struct large_cache *lc, struct large_entry *e);
 static uint64_t large_spare_age(uint64_t now);            /* (the spares: below) */
 static uint64_t large_tc_age_all(bool all, uint64_t now); /* (the threads' caches: below) */
 
-/* Decommit or unmap what large_cache_expire or large_cache_room took out;
- * decommitted entries go back into the cache. (out is not const: gcc -O1
- * then takes the callers' arrays, filled only when large_cache_expire
- * looked, as read uninitialised.) */
-// cppcheck-suppress constParameter
-static void large_cache_retire(struct large_entry *out, uint32_t n) {
+/* Decommit or unmap what large_cache_scan or large_cache_room took out of
+ * shard lc; decommitted entries go back into it. */
+static void large_cache_retire(struct large_cache *lc, const struct large_entry *out, uint32_t n) {
     if (n == 0) return; /* the usual case: no need of the clock */
-    struct large_cache *lc = &large_cache;
     uint64_t now = hak_now_ms();
     for (uint32_t i = 0; i < n; i++) {
         struct large_entry e = out[i];
@@ -382,15 +431,66 @@ static void large_cache_retire(struct large_entry *out, uint32_t n) {
         /* Back in, as old as it was; dropped if the cache filled meanwhile. */
         bool kept = false;
         e.decommitted = true;
-        hak_lock(&lc->lock);
+        large_shard_lock(lc);
         large_cache_merge(lc, &e); /* with decommitted neighbours */
-        if (lc->n < LARGE_CACHE_N && lc->bytes + e.size <= hak_cfg.bigcache_bytes) {
+        if (lc->n < LARGE_CACHE_N &&
+            large_others_bytes(lc) + lc->bytes + e.size <= hak_cfg.bigcache_bytes) {
             large_cache_insert(lc, e);
             lc->decommits++;
             kept = true;
         }
-        hak_unlock(&lc->lock);
+        large_shard_unlock(lc);
         if (!kept) large_release(e.h, e.size);
+    }
+}
+
+/* Shard lc's entries past their age decommitted or unmapped. */
+static void large_shard_age(struct large_cache *lc, uint64_t now) {
+    struct large_entry old[LARGE_CACHE_N];
+    if (!large_shard_any(lc)) return;
+    large_shard_lock(lc);
+    uint32_t n = large_cache_scan(lc, now, old);
+    large_shard_unlock(lc);
+    large_cache_retire(lc, old, n);
+}
+
+/* When the ages were last looked at (large_age_look). */
+static _Atomic uint64_t large_looked_ms;
+
+/* Every quarter age at most (the looks are not free), the first of the
+ * tier's calls past it looks at the ages of every shard, of the spares and,
+ * with `tcs`, of the threads' own caches. */
+static void large_age_look(uint64_t now, bool tcs) {
+    uint64_t last = atomic_load_explicit(&large_looked_ms, memory_order_relaxed);
+    if (now <= last || now - last < hak_cfg.bigcache_age_ms / 4 ||
+        !atomic_compare_exchange_strong_explicit(&large_looked_ms, &last, now, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return;
+    for (uint32_t s = 0; s < LARGE_SHARDS; s++)
+        large_shard_age(&large_caches[s], now);
+    large_spare_age(now);
+    if (tcs) large_tc_age_all(false, now);
+}
+
+/* The bound passed by what other shards hold (a put found its home's own
+ * entries not enough to make room): their least recently freed entries
+ * out, the fullest shard's first, and unmapped. */
+static void large_cache_shed(void) {
+    for (;;) {
+        struct large_cache *from = NULL;
+        size_t total = 0, most = 0;
+        for (uint32_t s = 0; s < LARGE_SHARDS; s++) {
+            size_t b = atomic_load_explicit(&large_caches[s].glance_bytes, memory_order_relaxed);
+            total += b;
+            if (b > most) most = b, from = &large_caches[s];
+        }
+        if (from == NULL || total <= hak_cfg.bigcache_bytes) return;
+        struct large_entry e = {0};
+        large_shard_lock(from);
+        if (from->n > 0) e = large_cache_remove(from, large_cache_oldest(from));
+        large_shard_unlock(from);
+        if (e.h == NULL) return; /* (emptied meanwhile: the next put looks again) */
+        large_release(e.h, e.size);
     }
 }
 
@@ -426,29 +526,29 @@ static void large_cache_merge(struct large_cache *lc, struct large_entry *e) {
 
 /* Put a mapping (whole, or the rest of a split one) into the cache. */
 static void large_cache_add(struct large_entry e) {
-    struct large_cache *lc = &large_cache;
-    struct large_entry old[2 * LARGE_CACHE_N + 1];
+    struct large_cache *lc = &large_caches[large_home_index()];
+    struct large_entry old[LARGE_CACHE_N];
     if (e.size > hak_cfg.bigcache_bytes) {
         large_release(e.h, e.size);
         return;
     }
-    hak_lock(&lc->lock);
+    large_shard_lock(lc);
     bool fresh = e.seq == 0; /* (a split-off rest keeps its place) */
     large_cache_merge(lc, &e);
     if (e.size > hak_cfg.bigcache_bytes) {
-        hak_unlock(&lc->lock);
+        large_shard_unlock(lc);
         large_release(e.h, e.size);
         return;
     }
-    uint32_t nold = large_cache_room(lc, e.size, old);
+    bool over;
+    uint32_t nold = large_cache_room(lc, e.size, old, &over);
     if (fresh) e.seq = ++lc->seq; /* the newest, whatever it merged with */
     large_cache_insert(lc, e);
-    uint64_t now = hak_now_ms();
-    bool aged = large_cache_expire(lc, now, old, &nold);
-    hak_unlock(&lc->lock);
-    large_cache_retire(old, nold); /* syscalls outside the lock */
+    large_shard_unlock(lc);
+    large_cache_retire(lc, old, nold); /* syscalls outside the lock */
+    if (hak_unlikely(over)) large_cache_shed();
     bell_ring();
-    if (aged) large_spare_age(now);
+    large_age_look(hak_now_ms(), false);
 }
 
 /* What a split leaves of entry e from offset `keep` (a region multiple) on:
@@ -471,7 +571,7 @@ static void large_cache_add_rest(struct large_entry e, size_t keep) {
  * a huge page would make 2 MiB resident for its first byte). Lock held;
  * LARGE_CACHE_N when there is none. */
 static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size_t map_align,
-                                 bool small_pages) {
+                                 bool small_pages, bool *fits_now) {
     uint32_t fit = LARGE_CACHE_N, grow = LARGE_CACHE_N, cold = LARGE_CACHE_N;
     for (uint32_t i = 0; i < lc->n; i++) {
         const struct large_entry *e = &lc->e[i];
@@ -489,7 +589,35 @@ static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size
             grow = i;
         }
     }
+    *fits_now = fit != LARGE_CACHE_N;
     return fit != LARGE_CACHE_N ? fit : grow != LARGE_CACHE_N ? grow : cold;
+}
+
+/* large_cache_pick over the shards: the home's first, then the others that
+ * hold anything. A mapping that fits with its pages is taken from the first
+ * shard that has one; else what the rule picks in the first shard that has
+ * anything for the request (a growth or decommitted pages). Size 0 when
+ * there is none. */
+static struct large_entry large_cache_pick_any(size_t need, size_t map_align, bool small_pages) {
+    uint32_t home = large_home_index();
+    bool others = false;
+    for (uint32_t s = 0; s < LARGE_SHARDS && !others; s++)
+        others = s != home && large_shard_any(&large_caches[s]);
+    struct large_entry got = {0};
+    /* (Alone in its home, a shard's pick is the whole rule: one pass.) */
+    for (int pass = others ? 0 : 1; pass < 2; pass++) {
+        for (uint32_t k = 0; k < LARGE_SHARDS; k++) {
+            struct large_cache *lc = &large_caches[(home + k) % LARGE_SHARDS];
+            if (k > 0 && (!others || !large_shard_any(lc))) continue;
+            bool fits;
+            large_shard_lock(lc);
+            uint32_t i = large_cache_pick(lc, need, map_align, small_pages, &fits);
+            if (i != LARGE_CACHE_N && (fits || pass == 1)) got = large_cache_remove(lc, i);
+            large_shard_unlock(lc);
+            if (got.h != NULL) return got;
+        }
+    }
+    return got;
 }
 
 /* A cached mapping with at least `need` bytes of room at `map_align` (see
@@ -502,20 +630,8 @@ static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size
  * the map_size of a split one. */
 static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool small_pages,
                                           size_t *clean) {
-    struct large_cache *lc = &large_cache;
-    struct large_entry old[LARGE_CACHE_N], got = {0};
-    hak_lock(&lc->lock);
-    uint32_t i = large_cache_pick(lc, need, map_align, small_pages);
-    if (i != LARGE_CACHE_N) got = large_cache_remove(lc, i);
-    uint64_t now = hak_now_ms();
-    uint32_t nold = 0;
-    bool aged = large_cache_expire(lc, now, old, &nold);
-    hak_unlock(&lc->lock);
-    large_cache_retire(old, nold);
-    if (aged) { /* (the spares and the threads' caches age with the BigCache's look) */
-        large_spare_age(now);
-        large_tc_age_all(false, now);
-    }
+    struct large_entry got = large_cache_pick_any(need, map_align, small_pages);
+    large_age_look(hak_now_ms(), true);
     if (got.h == NULL) return NULL;
 
     struct large_hdr *h = got.h;
@@ -578,16 +694,22 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
  * huge-page setting as `thp` (else the two would be kernel mappings of their
  * own, which mremap refuses as one); size 0 when there is none. */
 static struct large_entry large_cache_claim(const void *at, size_t min, uint64_t map, bool thp) {
-    struct large_cache *lc = &large_cache;
+    uint32_t home = large_home_index();
     struct large_entry got = {0};
-    hak_lock(&lc->lock);
-    for (uint32_t i = 0; i < lc->n; i++) {
-        if (lc->e[i].h != at) continue;
-        if (lc->e[i].size >= min && lc->e[i].map == map && lc->e[i].thp == thp)
-            got = large_cache_remove(lc, i);
-        break;
+    for (uint32_t k = 0; k < LARGE_SHARDS; k++) {
+        struct large_cache *lc = &large_caches[(home + k) % LARGE_SHARDS];
+        if (k > 0 && !large_shard_any(lc)) continue;
+        bool found = false;
+        large_shard_lock(lc);
+        for (uint32_t i = 0; i < lc->n && !found; i++) {
+            if (lc->e[i].h != at) continue;
+            found = true;
+            if (lc->e[i].size >= min && lc->e[i].map == map && lc->e[i].thp == thp)
+                got = large_cache_remove(lc, i);
+        }
+        large_shard_unlock(lc);
+        if (found) break;
     }
-    hak_unlock(&lc->lock);
     return got;
 }
 
@@ -1549,21 +1671,20 @@ uint64_t large_age_next(void) {
     uint64_t next = large_spare_age(hak_now_ms());
     uint64_t tc_next = large_tc_age_all(false, hak_now_ms());
     if (tc_next < next) next = tc_next;
-    struct large_cache *lc = &large_cache;
-    struct large_entry old[LARGE_CACHE_N];
-    hak_lock(&lc->lock);
-    uint32_t nold = large_cache_scan(lc, hak_now_ms(), old);
-    hak_unlock(&lc->lock);
-    large_cache_retire(old, nold);
-    /* What is left: due when unused for the age (decommit), or twice that
-     * (unmap: address space only, the pages went at the first). */
+    /* What the shards keep: due when unused for the age (decommit), or
+     * twice that (unmap: address space only, the pages went at the first). */
     uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_lock(&lc->lock);
-    for (uint32_t i = 0; i < lc->n; i++) {
-        uint64_t due = lc->e[i].freed_ms + (lc->e[i].decommitted ? 2 * age : age);
-        if (due < next) next = due;
+    for (uint32_t s = 0; s < LARGE_SHARDS; s++) {
+        struct large_cache *lc = &large_caches[s];
+        large_shard_age(lc, hak_now_ms());
+        if (!large_shard_any(lc)) continue;
+        large_shard_lock(lc);
+        for (uint32_t i = 0; i < lc->n; i++) {
+            uint64_t due = lc->e[i].freed_ms + (lc->e[i].decommitted ? 2 * age : age);
+            if (due < next) next = due;
+        }
+        large_shard_unlock(lc);
     }
-    hak_unlock(&lc->lock);
     return next;
 }
 
@@ -1573,26 +1694,32 @@ bool large_trim(void) {
     uint32_t nspare = large_spare_drain(spare);
     for (uint32_t i = 0; i < nspare; i++)
         large_release(spare[i], spare[i]->map_size);
-    struct large_cache *lc = &large_cache;
-    struct large_entry all[LARGE_CACHE_N];
-    hak_lock(&lc->lock);
-    uint32_t n = lc->n;
-    memcpy(all, lc->e, n * sizeof all[0]);
-    lc->n = 0;
-    lc->bytes = 0;
-    hak_unlock(&lc->lock);
-    for (uint32_t i = 0; i < n; i++)
-        large_release(all[i].h, all[i].size);
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < LARGE_SHARDS; s++) {
+        struct large_cache *lc = &large_caches[s];
+        struct large_entry all[LARGE_CACHE_N];
+        large_shard_lock(lc);
+        uint32_t k = lc->n;
+        memcpy(all, lc->e, k * sizeof all[0]);
+        lc->n = 0;
+        lc->bytes = 0;
+        large_shard_unlock(lc);
+        for (uint32_t i = 0; i < k; i++)
+            large_release(all[i].h, all[i].size);
+        n += k;
+    }
     return n + nspare > 0;
 }
 
 void large_fork_prepare(void) {
     hak_spin_lock(&large_tc_drain_lock); /* (no record is stopped while it is held) */
     hak_spin_lock(&large_spares.lock);
-    pthread_mutex_lock(&large_cache.lock);
+    for (uint32_t s = 0; s < LARGE_SHARDS; s++)
+        pthread_mutex_lock(&large_caches[s].lock);
 }
 void large_fork_release(void) {
-    pthread_mutex_unlock(&large_cache.lock);
+    for (uint32_t s = LARGE_SHARDS; s-- > 0;)
+        pthread_mutex_unlock(&large_caches[s].lock);
     hak_spin_unlock(&large_spares.lock);
     hak_spin_unlock(&large_tc_drain_lock);
 }
@@ -1640,9 +1767,13 @@ void large_get_stats(struct large_stats *s) {
             s->cached_bytes += atomic_load_explicit(&large_tcs[r].size[i], memory_order_relaxed);
         }
     }
-    hak_lock(&large_cache.lock);
-    s->cached_blocks += large_cache.n;
-    s->cached_bytes += large_cache.bytes;
-    s->cache_decommits = large_cache.decommits;
-    hak_unlock(&large_cache.lock);
+    s->cache_decommits = 0;
+    for (uint32_t k = 0; k < LARGE_SHARDS; k++) {
+        struct large_cache *lc = &large_caches[k];
+        large_shard_lock(lc);
+        s->cached_blocks += lc->n;
+        s->cached_bytes += lc->bytes;
+        s->cache_decommits += lc->decommits;
+        large_shard_unlock(lc);
+    }
 }

@@ -202,6 +202,76 @@ static struct large_stats lstats(void) {
     return s;
 }
 
+/* The BigCache is sharded by the freeing thread: what one thread freed
+ * serves another's malloc (no new mapping); the bound holds for all the
+ * shards together (a thread whose own shard is empty pushes out what the
+ * others hold); and what an exited thread left ages on the other threads'
+ * calls. The threads run one after the other, each freeing into its own
+ * shard (homes are handed out in turn). */
+static void *free_arg(void *arg) {
+    free(arg);
+    return NULL;
+}
+
+static void free_on_a_thread(void *p) {
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, free_arg, p), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+}
+
+static void test_bigcache_shards_serve_each_other(void **state) {
+    (void)state;
+    void *p = malloc(5 * MiB);
+    memset(p, 1, 5 * MiB);
+    free_on_a_thread(p); /* into that thread's shard */
+    uint64_t maps = os_calls(OS_MMAP), hits = lstats().cache_hits;
+    void *q = malloc(5 * MiB);
+    assert_ptr_equal(q, p);
+    assert_int_equal(os_calls(OS_MMAP), maps);
+    assert_int_equal(lstats().cache_hits, hits + 1);
+    free(q);
+}
+
+static void test_bigcache_bound_holds_over_all_shards(void **state) {
+    (void)state;
+    hak_cfg.bigcache_bytes = 16 * MiB;
+    void *p[5];
+    for (int i = 0; i < 5; i++)
+        assert_non_null(p[i] = malloc(5 * MiB));
+    for (int i = 0; i < 3; i++) /* 15 MiB in one shard */
+        free_on_a_thread(p[i]);
+    size_t three = lstats().cached_bytes; /* (each with its guard page) */
+    assert_true(three >= 15 * MiB && three <= 16 * MiB);
+    uint64_t unmaps = os_calls(OS_MUNMAP);
+    /* Two more frees, by threads whose shards hold nothing to push out:
+     * the first shard's oldest go. */
+    free_on_a_thread(p[3]);
+    free_on_a_thread(p[4]);
+    assert_true(lstats().cached_bytes <= 16 * MiB);
+    assert_int_equal(lstats().cached_blocks, 3);
+    assert_int_equal(os_calls(OS_MUNMAP), unmaps + 2);
+}
+
+static void test_bigcache_other_shards_age(void **state) {
+    (void)state;
+    uint8_t *p = malloc(5 * MiB);
+    memset(p, 1, 5 * MiB);
+    hak_cfg.bigcache_age_ms = 20;
+    free_on_a_thread(p); /* a thread that is gone: nobody calls into its shard */
+    assert_true(maps_resident(p));
+    /* This thread's calls look at every shard's ages: decommitted after one
+     * age, within a hang limit (scaled: tests/timing.h). The calls are for
+     * blocks a quarter of its size at most, which do not take it. */
+    int64_t limit = hak_test_limit_ms(2000);
+    for (int64_t t0 = hak_test_now_ms(); maps_resident(p) && hak_test_now_ms() - t0 < limit;) {
+        struct timespec ms10 = {0, 10 * 1000 * 1000};
+        nanosleep(&ms10, NULL);
+        free(malloc(MiB + 1));
+    }
+    assert_false(maps_resident(p));
+    hak_cfg.bigcache_age_ms = 60000;
+}
+
 static void test_cache_bounds_entries(void **state) {
     (void)state;
     /* 64 entries at most (LARGE_CACHE_N): of 66 freed mappings, the two
@@ -1573,6 +1643,9 @@ int main(void) {
         cmocka_unit_test_setup(test_free_malloc_cycle_makes_no_syscall, reset),
         cmocka_unit_test_setup(test_cache_reuse_is_zeroed_for_calloc, reset),
         cmocka_unit_test_setup(test_cache_respects_byte_bound, reset),
+        cmocka_unit_test_setup(test_bigcache_shards_serve_each_other, reset),
+        cmocka_unit_test_setup(test_bigcache_bound_holds_over_all_shards, reset),
+        cmocka_unit_test_setup(test_bigcache_other_shards_age, reset),
         cmocka_unit_test_setup(test_realloc_moves_pages_not_bytes, reset),
         cmocka_unit_test_setup(test_aligned_large_blocks, reset),
         cmocka_unit_test_setup(test_trim_releases_cache_and_mallinfo_counts, reset),

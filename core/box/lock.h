@@ -19,17 +19,19 @@
 extern HAK_HIDDEN __thread bool hak_in_fork;
 
 /* The count build (make count, tests/scale/count.c) counts every lock taken,
- * by call site. */
+ * by call site, and a mutex's word as written by its taker (the mutex's
+ * code is glibc's, which that build does not see; a spin lock's exchange
+ * it sees). */
 #ifdef HAK_COUNT
-HAK_HIDDEN void hak_count_lock(void);
-#define HAK_COUNT_LOCK() hak_count_lock()
+HAK_HIDDEN void hak_count_lock(const void *word);
+#define HAK_COUNT_LOCK(word) hak_count_lock(word)
 #else
-#define HAK_COUNT_LOCK() ((void)0)
+#define HAK_COUNT_LOCK(word) ((void)0)
 #endif
 
 static inline void hak_lock(pthread_mutex_t *m) {
     if (hak_likely(!hak_in_fork)) {
-        HAK_COUNT_LOCK();
+        HAK_COUNT_LOCK(m);
         pthread_mutex_lock(m);
     }
 }
@@ -80,7 +82,7 @@ static __attribute__((cold, noinline)) void hak_spin_wait(hak_spin *l) {
 
 static inline void hak_spin_lock(hak_spin *l) {
     if (hak_unlikely(hak_in_fork)) return;
-    HAK_COUNT_LOCK();
+    HAK_COUNT_LOCK(NULL);
     if (hak_unlikely(atomic_exchange_explicit(&l->held, true, memory_order_acquire)))
         hak_spin_wait(l);
 }
@@ -91,7 +93,7 @@ static inline bool hak_spin_trylock(hak_spin *l) {
     if (atomic_load_explicit(&l->held, memory_order_relaxed) ||
         atomic_exchange_explicit(&l->held, true, memory_order_acquire))
         return false;
-    HAK_COUNT_LOCK();
+    HAK_COUNT_LOCK(NULL);
     return true;
 }
 

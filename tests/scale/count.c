@@ -7,7 +7,8 @@
  * do the access (atomics) and count, per call site (the hook's return
  * address):
  *   rmw    atomic read-modify-writes (exchange, fetch_*, compare-exchange);
- *   lock   locks taken (hak_lock and the spin locks call hak_count_lock);
+ *   lock   locks taken (hak_lock and the spin locks call hak_count_lock,
+ *          which takes a mutex's word as written);
  *   swrite writes to a cache line another thread holds a copy of (an
  *          invalidation: what a shared counter or a lock word costs);
  *   sread  reads of a line another thread wrote since this thread last had
@@ -262,9 +263,12 @@ HIDDEN void __tsan_atomic_signal_fence(int mo) {
     __atomic_signal_fence(mo);
 }
 
-/* core/box/lock.h, in this build: a lock was taken where our caller is. */
-HIDDEN __attribute__((noinline)) void hak_count_lock(void) {
+/* core/box/lock.h, in this build: a lock was taken where our caller is; a
+ * mutex's word (`word`, NULL for a spin lock, whose exchange is seen) is
+ * written there: one another thread took last costs a line's move. */
+HIDDEN __attribute__((noinline)) void hak_count_lock(const void *word) {
     if (atomic_load_explicit(&count_on, memory_order_relaxed)) count(RET, K_LOCK);
+    if (word) access_range(word, 1, true, RET);
 }
 
 /* ---- what bench/bench_threads.c calls ---------------------------------------- */
