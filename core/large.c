@@ -154,24 +154,28 @@ static _Atomic uint32_t large_growing_live;
 
 /* The BigCache is sharded: LARGE_SHARDS caches, each with its own lock and
  * LARGE_CACHE_N entries, and every thread puts what it frees into its own
- * shard (its home: handed out in turn, at its first look). Threads whose
- * big blocks miss their own caches (large_tc) each take a lock of their
- * own, not one that every thread takes, on a line no other thread writes.
- * A request takes from its home first, then from the others that hold
- * anything (a look at their counts without their locks). The bound,
- * hak_cfg.bigcache_bytes, is for all of them together: a put pushes out its
- * home's least recently freed entries first, then the other shards' (the
- * fullest first). The parts of a split mapping merge again within a shard
- * only. Ages are looked at in every shard at once, every quarter age, by
- * whichever call comes first (large_age_look). A single thread has one
- * shard: the BigCache as it was. */
+ * shard (its home: handed out in turn, at its first look; what is taken
+ * out of a thread's own cache by another thread goes to the owner's).
+ * Threads whose big blocks miss their own caches (large_tc) each take a
+ * lock of their own, not one that every thread takes, on a line no other
+ * thread writes. A request takes from its home first, then from the
+ * others that hold anything (a look at their counts without their locks).
+ * The bound, hak_cfg.bigcache_bytes, is for all of them together: a put
+ * pushes out its home's least recently put entries first, then the other
+ * shards' (the one whose oldest was freed first), never its own. The parts
+ * of a split mapping merge again within a shard only. Ages are looked at
+ * in every shard at once, every quarter age, by whichever call comes first
+ * (large_age_look). A single thread's frees all go to its one shard (the
+ * profiler's spares, which a later look moves to the BigCache, go to the
+ * looker's). */
 #define LARGE_SHARDS 16
 
 struct large_entry {
     struct large_hdr *h; /* unreadable once decommitted: the size is here */
     size_t size;
     uint64_t freed_ms; /* when it was freed; 0: to be unmapped */
-    uint64_t seq;      /* order of the frees (many share a millisecond) */
+    uint64_t seq;      /* order of the frees in its shard (many share a millisecond) */
+    uint32_t shard;    /* the shard it is (or was last) in: its seq is that one's */
     /* The kernel mapping (large_map, or a move) it is part of: only parts
      * of one merge again, since mremap refuses a range over two. */
     uint64_t map;
@@ -186,14 +190,16 @@ struct large_cache {
     uint32_t n;   /* entries, in no order */
     uint64_t decommits;
     uint64_t seq; /* frees so far */
-    /* n and bytes as of the last unlock: what other threads' looks read
-     * without the lock (large_shard_unlock). */
+    /* n, bytes and when the least recently freed entry was freed
+     * (UINT64_MAX: none) as of the last unlock: what other threads' looks
+     * read without the lock (large_shard_unlock). */
     _Atomic uint32_t glance_n;
     _Atomic size_t glance_bytes;
+    _Atomic uint64_t glance_oldest_ms; /* (its large_cache_oldest's) */
     struct large_entry e[LARGE_CACHE_N];
 };
 static struct large_cache large_caches[LARGE_SHARDS] = {
-    [0 ... LARGE_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+    [0 ... LARGE_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER, .glance_oldest_ms = UINT64_MAX}};
 
 /* Threads given a home shard so far. */
 static _Atomic uint32_t large_homes;
@@ -210,9 +216,13 @@ static inline void large_shard_lock(struct large_cache *lc) {
     hak_lock(&lc->lock);
 }
 
+static uint32_t large_cache_oldest(const struct large_cache *lc);
+
 static inline void large_shard_unlock(struct large_cache *lc) {
+    uint64_t oldest = lc->n > 0 ? lc->e[large_cache_oldest(lc)].freed_ms : UINT64_MAX;
     atomic_store_explicit(&lc->glance_n, lc->n, memory_order_relaxed);
     atomic_store_explicit(&lc->glance_bytes, lc->bytes, memory_order_relaxed);
+    atomic_store_explicit(&lc->glance_oldest_ms, oldest, memory_order_relaxed);
     hak_unlock(&lc->lock);
 }
 
@@ -359,25 +369,20 @@ static struct large_entry large_cache_remove(struct large_cache *lc, uint32_t i)
     return e;
 }
 
-/* The least recently freed entry: by the time of its free, then by its
- * order there (a split-off rest keeps both, from the shard it was in).
- * Lock held, lc->n > 0. */
+/* The least recently put entry (by its shard's order: an entry pushed out
+ * of a thread's cache is new here). Lock held, lc->n > 0. */
 static uint32_t large_cache_oldest(const struct large_cache *lc) {
     uint32_t best = 0;
-    for (uint32_t i = 1; i < lc->n; i++) {
-        const struct large_entry *e = &lc->e[i], *b = &lc->e[best];
-        if (e->freed_ms < b->freed_ms || (e->freed_ms == b->freed_ms && e->seq < b->seq)) best = i;
-    }
+    for (uint32_t i = 1; i < lc->n; i++)
+        if (lc->e[i].seq < lc->e[best].seq) best = i;
     return best;
 }
 
 /* Make room in shard lc for `size` more bytes and one more entry,
- * evicting its least recently freed into out[] (to be unmapped); the bytes
- * of the other shards count towards the bound. Lock held; how many. *over:
- * the bound is still passed, by what the other shards hold
- * (large_cache_shed). */
-static uint32_t large_cache_room(struct large_cache *lc, size_t size, struct large_entry *out,
-                                 bool *over) {
+ * evicting its least recently put into out[] (to be unmapped); the bytes
+ * of the other shards count towards the bound (what they hold past it is
+ * large_cache_shed's). Lock held; how many. */
+static uint32_t large_cache_room(struct large_cache *lc, size_t size, struct large_entry *out) {
     size_t others = large_others_bytes(lc);
     uint32_t n = 0;
     while (lc->n > 0 &&
@@ -385,11 +390,11 @@ static uint32_t large_cache_room(struct large_cache *lc, size_t size, struct lar
         out[n] = large_cache_remove(lc, large_cache_oldest(lc));
         out[n++].freed_ms = 0;
     }
-    *over = others + lc->bytes + size > hak_cfg.bigcache_bytes;
     return n;
 }
 
 static void large_cache_insert(struct large_cache *lc, struct large_entry e) {
+    e.shard = (uint32_t)(lc - large_caches);
     lc->e[lc->n++] = e;
     lc->bytes += e.size;
 }
@@ -410,6 +415,7 @@ static uint32_t large_cache_scan(struct large_cache *lc, uint64_t now, struct la
 }
 
 static void large_cache_merge(struct large_cache *lc, struct large_entry *e);
+static void large_cache_shed(const struct large_cache *home);
 static uint64_t large_spare_age(uint64_t now);            /* (the spares: below) */
 static uint64_t large_tc_age_all(bool all, uint64_t now); /* (the threads' caches: below) */
 
@@ -418,6 +424,7 @@ static uint64_t large_tc_age_all(bool all, uint64_t now); /* (the threads' cache
 static void large_cache_retire(struct large_cache *lc, const struct large_entry *out, uint32_t n) {
     if (n == 0) return; /* the usual case: no need of the clock */
     uint64_t now = hak_now_ms();
+    bool any = false;
     for (uint32_t i = 0; i < n; i++) {
         struct large_entry e = out[i];
         if (e.freed_ms == 0 || e.decommitted || now - e.freed_ms >= 2 * hak_cfg.bigcache_age_ms) {
@@ -441,7 +448,9 @@ static void large_cache_retire(struct large_cache *lc, const struct large_entry 
         }
         large_shard_unlock(lc);
         if (!kept) large_release(e.h, e.size);
+        any |= kept;
     }
+    if (any) large_cache_shed(lc); /* (a put into another shard meanwhile) */
 }
 
 /* Shard lc's entries past their age decommitted or unmapped. */
@@ -454,17 +463,19 @@ static void large_shard_age(struct large_cache *lc, uint64_t now) {
     large_cache_retire(lc, old, n);
 }
 
-/* When the ages were last looked at (large_age_look). */
+/* When the ages were last looked at (large_age_look, large_age_next). */
 static _Atomic uint64_t large_looked_ms;
 
-/* Every quarter age at most (the looks are not free), the first of the
- * tier's calls past it looks at the ages of every shard, of the spares and,
- * with `tcs`, of the threads' own caches. */
+/* Every quarter age at most (the looks are not free; every call with an age
+ * under 4 ms), the first of the tier's calls past it looks at the ages of
+ * every shard, of the spares and, with `tcs`, of the threads' own caches. */
 static void large_age_look(uint64_t now, bool tcs) {
-    uint64_t last = atomic_load_explicit(&large_looked_ms, memory_order_relaxed);
-    if (now <= last || now - last < hak_cfg.bigcache_age_ms / 4 ||
-        !atomic_compare_exchange_strong_explicit(&large_looked_ms, &last, now, memory_order_relaxed,
-                                                 memory_order_relaxed))
+    uint64_t quarter = hak_cfg.bigcache_age_ms / 4,
+             last = atomic_load_explicit(&large_looked_ms, memory_order_relaxed);
+    if (quarter > 0 &&
+        (now <= last || now - last < quarter ||
+         !atomic_compare_exchange_strong_explicit(&large_looked_ms, &last, now,
+                                                  memory_order_relaxed, memory_order_relaxed)))
         return;
     for (uint32_t s = 0; s < LARGE_SHARDS; s++)
         large_shard_age(&large_caches[s], now);
@@ -472,25 +483,36 @@ static void large_age_look(uint64_t now, bool tcs) {
     if (tcs) large_tc_age_all(false, now);
 }
 
-/* The bound passed by what other shards hold (a put found its home's own
- * entries not enough to make room): their least recently freed entries
- * out, the fullest shard's first, and unmapped. */
-static void large_cache_shed(void) {
-    for (;;) {
+/* What all shards hold, as of their last unlocks. After a put's unlock, a
+ * sequentially consistent fence between its own glance's store and these
+ * loads: of two puts at once, one sees the other's entry at least (each
+ * seeing only its own, both could pass the bound and leave it passed). */
+static size_t large_cache_total(void) {
+    atomic_thread_fence(memory_order_seq_cst);
+    size_t total = 0;
+    for (uint32_t s = 0; s < LARGE_SHARDS; s++)
+        total += atomic_load_explicit(&large_caches[s].glance_bytes, memory_order_relaxed);
+    return total;
+}
+
+/* The shards together past the bound after a put into `home` (which made
+ * what room its own entries could): the other shards' least recently put
+ * entries out (the shard whose oldest was freed first), and unmapped. */
+static void large_cache_shed(const struct large_cache *home) {
+    while (large_cache_total() > hak_cfg.bigcache_bytes) {
         struct large_cache *from = NULL;
-        size_t total = 0, most = 0;
+        uint64_t first = UINT64_MAX;
         for (uint32_t s = 0; s < LARGE_SHARDS; s++) {
-            size_t b = atomic_load_explicit(&large_caches[s].glance_bytes, memory_order_relaxed);
-            total += b;
-            if (b > most) most = b, from = &large_caches[s];
+            struct large_cache *lc = &large_caches[s];
+            uint64_t ms = atomic_load_explicit(&lc->glance_oldest_ms, memory_order_relaxed);
+            if (lc != home && large_shard_any(lc) && ms <= first) first = ms, from = lc;
         }
-        if (from == NULL || total <= hak_cfg.bigcache_bytes) return;
+        if (from == NULL) return; /* (the home alone: its put made the room it could) */
         struct large_entry e = {0};
         large_shard_lock(from);
         if (from->n > 0) e = large_cache_remove(from, large_cache_oldest(from));
         large_shard_unlock(from);
-        if (e.h == NULL) return; /* (emptied meanwhile: the next put looks again) */
-        large_release(e.h, e.size);
+        if (e.h != NULL) large_release(e.h, e.size);
     }
 }
 
@@ -524,29 +546,28 @@ static void large_cache_merge(struct large_cache *lc, struct large_entry *e) {
     }
 }
 
-/* Put a mapping (whole, or the rest of a split one) into the cache. */
-static void large_cache_add(struct large_entry e) {
-    struct large_cache *lc = &large_caches[large_home_index()];
+/* Put a mapping (whole, or the rest of a split one) into shard lc. */
+static void large_cache_add_to(struct large_cache *lc, struct large_entry e) {
     struct large_entry old[LARGE_CACHE_N];
     if (e.size > hak_cfg.bigcache_bytes) {
         large_release(e.h, e.size);
         return;
     }
     large_shard_lock(lc);
-    bool fresh = e.seq == 0; /* (a split-off rest keeps its place) */
+    /* (A split-off rest keeps its place, in the shard whose order it has.) */
+    bool fresh = e.seq == 0 || e.shard != (uint32_t)(lc - large_caches);
     large_cache_merge(lc, &e);
     if (e.size > hak_cfg.bigcache_bytes) {
         large_shard_unlock(lc);
         large_release(e.h, e.size);
         return;
     }
-    bool over;
-    uint32_t nold = large_cache_room(lc, e.size, old, &over);
+    uint32_t nold = large_cache_room(lc, e.size, old);
     if (fresh) e.seq = ++lc->seq; /* the newest, whatever it merged with */
     large_cache_insert(lc, e);
     large_shard_unlock(lc);
     large_cache_retire(lc, old, nold); /* syscalls outside the lock */
-    if (hak_unlikely(over)) large_cache_shed();
+    large_cache_shed(lc);
     bell_ring();
     large_age_look(hak_now_ms(), false);
 }
@@ -555,6 +576,11 @@ static void large_cache_add(struct large_entry e) {
  * cached as an entry of its own, its regions pointing to its own header
  * (the part before may be moved or unmapped while it waits: a stale
  * pointer into it must still find a mapped header). */
+/* Put it into this thread's shard. */
+static void large_cache_add(struct large_entry e) {
+    large_cache_add_to(&large_caches[large_home_index()], e);
+}
+
 static void large_cache_add_rest(struct large_entry e, size_t keep) {
     struct large_hdr *rest = (struct large_hdr *)((uint8_t *)e.h + keep);
     rmap_mark_span(rest, e.size - keep, RMAP_LARGE); /* cannot fail: the leaves exist */
@@ -715,18 +741,18 @@ static struct large_entry large_cache_claim(const void *at, size_t min, uint64_t
 
 /* Keep h for reuse. */
 /* Keep h, freed at `freed_ms`, for reuse. */
-static void large_cache_put_at(struct large_hdr *h, uint64_t freed_ms) {
-    large_cache_add((struct large_entry){.h = h,
-                                         .size = h->map_size,
-                                         .freed_ms = freed_ms,
-                                         .map = h->map,
-                                         .thp = h->thp,
-                                         .guarded = h->guarded});
+static void large_cache_put_at(struct large_hdr *h, uint64_t freed_ms, struct large_cache *lc) {
+    large_cache_add_to(lc, (struct large_entry){.h = h,
+                                                .size = h->map_size,
+                                                .freed_ms = freed_ms,
+                                                .map = h->map,
+                                                .thp = h->thp,
+                                                .guarded = h->guarded});
 }
 
 /* Keep h, freed now, for reuse. */
 static void large_cache_put(struct large_hdr *h) {
-    large_cache_put_at(h, hak_now_ms());
+    large_cache_put_at(h, hak_now_ms(), &large_caches[large_home_index()]);
 }
 
 /* h's mapping now has `size` bytes, its last page a guard if `guarded`.
@@ -978,6 +1004,7 @@ struct large_tc {
     size_t bytes; /* their sizes together */
     /* The owner's alone: */
     size_t credit; /* its share of large_tc_granted */
+    uint32_t home; /* its owner's BigCache shard: where its entries go */
 };
 static struct large_tc large_tcs[LARGE_TC_RECORDS];
 static __thread struct large_tc *large_my_tc;
@@ -1049,6 +1076,7 @@ static struct large_tc *large_tc_claim(void) {
             atomic_compare_exchange_strong_explicit(&large_tcs[i].claimed, &free, true,
                                                     memory_order_acquire, memory_order_relaxed)) {
             large_tcs[i].credit = want;
+            large_tcs[i].home = large_home_index();
             large_tcs[i].mode = mode;
             large_tc_denied = false;
             return large_my_tc = &large_tcs[i];
@@ -1067,9 +1095,10 @@ static struct large_hdr *large_tc_empty(struct large_tc *t, uint32_t i) {
 }
 
 /* Entries taken out of records to the BigCache (no record held). */
-static void large_tc_to_bigcache(struct large_hdr *const *out, const uint64_t *out_ms, uint32_t n) {
+static void large_tc_to_bigcache(struct large_hdr *const *out, const uint64_t *out_ms,
+                                 const uint32_t *out_home, uint32_t n) {
     for (uint32_t i = 0; i < n; i++)
-        large_cache_put_at(out[i], out_ms[i]);
+        large_cache_put_at(out[i], out_ms[i], &large_caches[out_home[i]]);
 }
 
 /* Keep freed mapping h in this thread's cache; false when it is not for it. */
@@ -1092,7 +1121,7 @@ static bool large_tc_put(struct large_hdr *h) {
      * BigCache once the record is left. */
     struct large_hdr *out[LARGE_TC_N];
     uint64_t out_ms[LARGE_TC_N];
-    uint32_t nout = 0, at;
+    uint32_t out_home[LARGE_TC_N], nout = 0, at;
     for (;;) {
         uint32_t oldest = LARGE_TC_N;
         at = LARGE_TC_N;
@@ -1104,6 +1133,7 @@ static bool large_tc_put(struct large_hdr *h) {
         }
         if (at != LARGE_TC_N && t->bytes + size <= bound) break;
         out_ms[nout] = atomic_load_explicit(&t->freed_ms[oldest], memory_order_relaxed);
+        out_home[nout] = t->home;
         out[nout++] = large_tc_empty(t, oldest);
     }
     t->seq[at] = ++t->nput;
@@ -1113,7 +1143,7 @@ static bool large_tc_put(struct large_hdr *h) {
     atomic_store_explicit(&t->freed_ms[at], now, memory_order_relaxed);
     atomic_store_explicit(&t->slot[at], h, memory_order_relaxed);
     large_tc_leave(t);
-    large_tc_to_bigcache(out, out_ms, nout);
+    large_tc_to_bigcache(out, out_ms, out_home, nout);
     return true;
 }
 
@@ -1156,14 +1186,16 @@ static bool large_tc_due(uint64_t ms, uint64_t now, bool all, uint64_t *next) {
 }
 
 /* The due entries of record t (the caller has it) into out[*n] on, their
- * free times into out_ms. */
+ * free times into out_ms, the record's shard into out_home. */
 static void large_tc_take_due(struct large_tc *t, uint64_t now, bool all, uint64_t *next,
-                              struct large_hdr **out, uint64_t *out_ms, uint32_t *n) {
+                              struct large_hdr **out, uint64_t *out_ms, uint32_t *out_home,
+                              uint32_t *n) {
     for (uint32_t i = 0; i < LARGE_TC_N; i++) {
         if (atomic_load_explicit(&t->slot[i], memory_order_relaxed) == NULL) continue;
         uint64_t ms = atomic_load_explicit(&t->freed_ms[i], memory_order_relaxed);
         if (!large_tc_due(ms, now, all, next)) continue;
         out_ms[*n] = ms;
+        out_home[*n] = t->home;
         out[(*n)++] = large_tc_empty(t, i);
     }
 }
@@ -1201,7 +1233,7 @@ static uint64_t large_tc_age_all(bool all, uint64_t now) {
         if (ns == 0) break;
         struct large_hdr *out[LARGE_TC_CHUNK * LARGE_TC_N];
         uint64_t out_ms[LARGE_TC_CHUNK * LARGE_TC_N];
-        uint32_t nout = 0;
+        uint32_t out_home[LARGE_TC_CHUNK * LARGE_TC_N], nout = 0;
         int mode = large_tc_mode_get();
         hak_spin_lock(&large_tc_drain_lock);
         large_tc_draining = true;
@@ -1222,14 +1254,14 @@ static uint64_t large_tc_age_all(bool all, uint64_t now) {
                 next = now; /* (in its malloc or free now: the next look) */
                 continue;
             }
-            large_tc_take_due(t, now, all, &next, out, out_ms, &nout);
+            large_tc_take_due(t, now, all, &next, out, out_ms, out_home, &nout);
         }
         if (!barrier) next = now;
         for (uint32_t k = 0; k < ns; k++)
             atomic_store_explicit(&stopped[k]->stop, 0, memory_order_release);
         large_tc_draining = false;
         hak_spin_unlock(&large_tc_drain_lock);
-        large_tc_to_bigcache(out, out_ms, nout);
+        large_tc_to_bigcache(out, out_ms, out_home, nout);
     }
     return next;
 }
@@ -1240,12 +1272,12 @@ static uint64_t large_tc_age_all(bool all, uint64_t now) {
 static void large_tc_give_back(struct large_tc *t) {
     struct large_hdr *out[LARGE_TC_N];
     uint64_t out_ms[LARGE_TC_N];
-    uint32_t nout = 0;
+    uint32_t out_home[LARGE_TC_N], nout = 0;
     uint64_t next = UINT64_MAX;
-    large_tc_take_due(t, 0, true, &next, out, out_ms, &nout);
+    large_tc_take_due(t, 0, true, &next, out, out_ms, out_home, &nout);
     t->bytes = 0;
     large_tc_leave(t);
-    large_tc_to_bigcache(out, out_ms, nout);
+    large_tc_to_bigcache(out, out_ms, out_home, nout);
     atomic_fetch_sub_explicit(&large_tc_granted, t->credit, memory_order_relaxed);
     atomic_store_explicit(&t->claimed, false, memory_order_release);
 }
@@ -1668,6 +1700,7 @@ void *large_realloc(void *p, uint32_t entry, size_t n) {
 }
 
 uint64_t large_age_next(void) {
+    atomic_store_explicit(&large_looked_ms, hak_now_ms(), memory_order_relaxed);
     uint64_t next = large_spare_age(hak_now_ms());
     uint64_t tc_next = large_tc_age_all(false, hak_now_ms());
     if (tc_next < next) next = tc_next;

@@ -205,31 +205,46 @@ static struct large_stats lstats(void) {
 /* The BigCache is sharded by the freeing thread: what one thread freed
  * serves another's malloc (no new mapping); the bound holds for all the
  * shards together (a thread whose own shard is empty pushes out what the
- * others hold); and what an exited thread left ages on the other threads'
- * calls. The threads run one after the other, each freeing into its own
- * shard (homes are handed out in turn). */
+ * others hold, the least recently freed first), also when two threads put
+ * at once; and what an exited thread left ages on the other threads'
+ * calls. Each test's threads are made one after the other, so each has a
+ * shard of its own (homes are handed out in turn, to threads that call the
+ * tier). */
 static void *free_arg(void *arg) {
     free(arg);
     return NULL;
 }
 
-static void free_on_a_thread(void *p) {
+static void *malloc_5(void *arg) {
+    (void)arg;
+    return malloc(5 * MiB);
+}
+
+/* fn(arg) on a thread of its own, to its end: what it returned. */
+static void *on_a_thread(void *(*fn)(void *), void *arg) {
     pthread_t t;
-    assert_int_equal(pthread_create(&t, NULL, free_arg, p), 0);
-    assert_int_equal(pthread_join(t, NULL), 0);
+    void *ret;
+    assert_int_equal(pthread_create(&t, NULL, fn, arg), 0);
+    assert_int_equal(pthread_join(t, &ret), 0);
+    return ret;
 }
 
 static void test_bigcache_shards_serve_each_other(void **state) {
     (void)state;
     void *p = malloc(5 * MiB);
     memset(p, 1, 5 * MiB);
-    free_on_a_thread(p); /* into that thread's shard */
+    on_a_thread(free_arg, p); /* into that thread's shard */
     uint64_t maps = os_calls(OS_MMAP), hits = lstats().cache_hits;
-    void *q = malloc(5 * MiB);
+    void *q = on_a_thread(malloc_5, NULL); /* from the next thread's */
     assert_ptr_equal(q, p);
     assert_int_equal(os_calls(OS_MMAP), maps);
     assert_int_equal(lstats().cache_hits, hits + 1);
     free(q);
+}
+
+static bool mapped(const void *p) {
+    char perms[5];
+    return maps_perms(p, perms);
 }
 
 static void test_bigcache_bound_holds_over_all_shards(void **state) {
@@ -238,18 +253,104 @@ static void test_bigcache_bound_holds_over_all_shards(void **state) {
     void *p[5];
     for (int i = 0; i < 5; i++)
         assert_non_null(p[i] = malloc(5 * MiB));
-    for (int i = 0; i < 3; i++) /* 15 MiB in one shard */
-        free_on_a_thread(p[i]);
+    /* 15 MiB, in three shards, freed a few ms apart (their order across
+     * shards is their time of free, in ms). */
+    for (int i = 0; i < 3; i++) {
+        struct timespec ms5 = {0, 5 * 1000 * 1000};
+        nanosleep(&ms5, NULL);
+        on_a_thread(free_arg, p[i]);
+    }
     size_t three = lstats().cached_bytes; /* (each with its guard page) */
     assert_true(three >= 15 * MiB && three <= 16 * MiB);
     uint64_t unmaps = os_calls(OS_MUNMAP);
     /* Two more frees, by threads whose shards hold nothing to push out:
-     * the first shard's oldest go. */
-    free_on_a_thread(p[3]);
-    free_on_a_thread(p[4]);
+     * the two freed first go, not the newest. */
+    on_a_thread(free_arg, p[3]);
+    assert_true(mapped(p[3]));
+    on_a_thread(free_arg, p[4]);
     assert_true(lstats().cached_bytes <= 16 * MiB);
     assert_int_equal(lstats().cached_blocks, 3);
     assert_int_equal(os_calls(OS_MUNMAP), unmaps + 2);
+    assert_false(mapped(p[0]));
+    assert_false(mapped(p[1]));
+    for (int i = 2; i < 5; i++)
+        assert_true(mapped(p[i]));
+}
+
+/* A put past the bound never pushes out what it put, however big next to
+ * the other shards' entries: their oldest go. */
+static void test_bigcache_put_keeps_its_own(void **state) {
+    (void)state;
+    hak_cfg.bigcache_bytes = 16 * MiB;
+    void *p[3], *big = malloc(8 * MiB);
+    for (int i = 0; i < 3; i++)
+        assert_non_null(p[i] = malloc(5 * MiB));
+    for (int i = 0; i < 3; i++)
+        on_a_thread(free_arg, p[i]);
+    on_a_thread(free_arg, big);
+    assert_true(mapped(big));
+    assert_true(lstats().cached_bytes <= 16 * MiB);
+    uint64_t maps = os_calls(OS_MMAP);
+    void *q = malloc(8 * MiB);
+    assert_ptr_equal(q, big);
+    assert_int_equal(os_calls(OS_MMAP), maps);
+    free(q);
+}
+
+/* Two threads free a 10 MiB block each at the same moment, into their own
+ * shards, round after round, under a 16 MiB bound: once both frees have
+ * returned, at most one of them is cached. */
+#define BOUND_ROUNDS 3000
+static pthread_barrier_t bound_bar;
+static void *bound_racer(void *arg) {
+    void **slot = arg;
+    for (int r = 0; r < BOUND_ROUNDS; r++) {
+        pthread_barrier_wait(&bound_bar);
+        free(*slot);
+        pthread_barrier_wait(&bound_bar);
+    }
+    return NULL;
+}
+
+static void test_bigcache_bound_holds_for_puts_at_once(void **state) {
+    (void)state;
+    hak_cfg.bigcache_bytes = 16 * MiB;
+    void *slot[2];
+    pthread_t t[2];
+    pthread_barrier_init(&bound_bar, NULL, 3);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, bound_racer, &slot[i]), 0);
+    int over = 0;
+    for (int r = 0; r < BOUND_ROUNDS; r++) {
+        for (int i = 0; i < 2; i++)
+            assert_non_null(slot[i] = malloc(10 * MiB));
+        pthread_barrier_wait(&bound_bar);
+        pthread_barrier_wait(&bound_bar);
+        over += lstats().cached_bytes > 16 * MiB;
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+    pthread_barrier_destroy(&bound_bar);
+    assert_int_equal(over, 0);
+}
+
+/* (Frees a 5 MiB block and sees that it keeps its pages.) */
+static void *free_resident(void *arg) {
+    free(arg);
+    return maps_resident(arg) ? arg : NULL;
+}
+
+/* Large calls every 10 ms until p is decommitted, or a hang limit. */
+static void *call_until_decommitted(void *p) {
+    /* The calls are for blocks a quarter of p's size at most, which do not
+     * take it. A hang limit (scaled: tests/timing.h) fifty times the age. */
+    int64_t limit = hak_test_limit_ms(1000);
+    for (int64_t t0 = hak_test_now_ms(); maps_resident(p) && hak_test_now_ms() - t0 < limit;) {
+        struct timespec ms10 = {0, 10 * 1000 * 1000};
+        nanosleep(&ms10, NULL);
+        free(malloc(MiB + 1));
+    }
+    return maps_resident(p) ? p : NULL;
 }
 
 static void test_bigcache_other_shards_age(void **state) {
@@ -257,18 +358,10 @@ static void test_bigcache_other_shards_age(void **state) {
     uint8_t *p = malloc(5 * MiB);
     memset(p, 1, 5 * MiB);
     hak_cfg.bigcache_age_ms = 20;
-    free_on_a_thread(p); /* a thread that is gone: nobody calls into its shard */
-    assert_true(maps_resident(p));
-    /* This thread's calls look at every shard's ages: decommitted after one
-     * age, within a hang limit (scaled: tests/timing.h). The calls are for
-     * blocks a quarter of its size at most, which do not take it. */
-    int64_t limit = hak_test_limit_ms(2000);
-    for (int64_t t0 = hak_test_now_ms(); maps_resident(p) && hak_test_now_ms() - t0 < limit;) {
-        struct timespec ms10 = {0, 10 * 1000 * 1000};
-        nanosleep(&ms10, NULL);
-        free(malloc(MiB + 1));
-    }
-    assert_false(maps_resident(p));
+    /* A thread that is gone: nobody calls into its shard. */
+    assert_ptr_equal(on_a_thread(free_resident, p), p);
+    /* The next thread's calls look at every shard's ages. */
+    assert_null(on_a_thread(call_until_decommitted, p));
     hak_cfg.bigcache_age_ms = 60000;
 }
 
@@ -1262,6 +1355,48 @@ static int tc_reset(void **state) {
     return 0;
 }
 
+/* What is taken out of a thread's own cache by another thread (an ager, a
+ * trim, a fork child for the parent's threads) goes to that thread's
+ * shard, where the rest of its mapping is: the two merge again (in the
+ * taker's shard they would stay two entries, and a request for the whole
+ * would map anew). */
+static pthread_barrier_t owner_bar;
+static void *split_then_wait(void *arg) {
+    void *p = malloc(20 * MiB); /* over half the thread cache's bound: freed to the BigCache */
+    memset(p, 1, 20 * MiB);
+    free(p);
+    void *q = malloc(3 * MiB); /* its first 4 MiB; the rest stays in this thread's shard */
+    assert_ptr_equal(q, p);
+    free(q); /* into this thread's own cache */
+    *(void **)arg = p;
+    pthread_barrier_wait(&owner_bar);
+    pthread_barrier_wait(&owner_bar); /* (alive while the child takes it) */
+    return NULL;
+}
+
+static void child_merges_other_threads_cache(void *arg) {
+    CHILD_CHECK(lstats().cached_blocks == 1); /* merged */
+    uint64_t maps = os_calls(OS_MMAP);
+    void *q = malloc(20 * MiB);
+    CHILD_CHECK(q == arg);
+    CHILD_CHECK(os_calls(OS_MMAP) == maps);
+    free(q);
+}
+
+static void test_taken_thread_cache_to_its_owners_shard(void **state) {
+    (void)state;
+    pthread_t t;
+    void *p = NULL;
+    pthread_barrier_init(&owner_bar, NULL, 2);
+    assert_int_equal(pthread_create(&t, NULL, split_then_wait, &p), 0);
+    pthread_barrier_wait(&owner_bar);
+    assert_int_equal(lstats().cached_blocks, 2);
+    expect_clean_exit(child_merges_other_threads_cache, p);
+    pthread_barrier_wait(&owner_bar);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    pthread_barrier_destroy(&owner_bar);
+}
+
 static void *malloc_3(void *arg) {
     (void)arg;
     void *p = malloc(3 * MiB);
@@ -1645,6 +1780,8 @@ int main(void) {
         cmocka_unit_test_setup(test_cache_respects_byte_bound, reset),
         cmocka_unit_test_setup(test_bigcache_shards_serve_each_other, reset),
         cmocka_unit_test_setup(test_bigcache_bound_holds_over_all_shards, reset),
+        cmocka_unit_test_setup(test_bigcache_put_keeps_its_own, reset),
+        cmocka_unit_test_setup(test_bigcache_bound_holds_for_puts_at_once, reset),
         cmocka_unit_test_setup(test_bigcache_other_shards_age, reset),
         cmocka_unit_test_setup(test_realloc_moves_pages_not_bytes, reset),
         cmocka_unit_test_setup(test_aligned_large_blocks, reset),
@@ -1693,6 +1830,7 @@ int main(void) {
         cmocka_unit_test_setup(test_malloc_in_handler_inside_own_ageing, tc_reset),
         cmocka_unit_test_setup(test_thread_cache_owner_races_ager_and_trim, tc_reset),
         cmocka_unit_test_setup(test_fork_child_gets_other_threads_caches, tc_reset),
+        cmocka_unit_test_setup(test_taken_thread_cache_to_its_owners_shard, tc_reset),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
