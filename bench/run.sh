@@ -87,6 +87,9 @@ fixed_size_16               bench_fixed_size 30000000 16 42
 fixed_size_64               bench_fixed_size 30000000 64 42
 fixed_size_256              bench_fixed_size 15000000 256 42
 fixed_size_1024             bench_fixed_size 10000000 1024 42
+halves_64                   bench_halves 3000 64 42
+halves_1024                 bench_halves 1500 1024 42
+halves_4096                 bench_halves 500 4096 42
 larson_8-1000_1t            HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=1000 HAKMEM_BENCH_STEPS=4000 bench_larson 1 6000 1000 42
 larson_8-1000_2t            HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=1000 HAKMEM_BENCH_STEPS=4000 bench_larson 2 500 1000 42
 remote_free_16-1024         HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 HAKMEM_BENCH_QUEUE=1024 bench_remote_free 800000 42

@@ -37,7 +37,11 @@ struct hak_tcache {
      * a class also takes a slow path, which arms the exit hook
      * (tc_thread_start). */
     union tc_counts cnt[SMALL_NCLASSES];
-    bool open;              /* caches open: room counts from small_class_cap */
+    /* Each list's capacity: small_class_cap while open, more for a Tiny
+     * class whose blocks went back to their slabs and came out again
+     * (tc_grow); 0 while closed. */
+    uint16_t cap[SMALL_NCLASSES];
+    bool open;              /* caches open: room counts from cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
     struct pool_heap *pool; /* this thread's Pool heap, NULL until needed */
     struct l25_heap *l25;   /* this thread's L2.5 heap, NULL until needed */
@@ -156,7 +160,7 @@ static inline void tc_refund(uint32_t cls) {
 
 /* Blocks on the list of cls. */
 static inline uint32_t tc_count(uint32_t cls) {
-    return hak_tc.open ? (uint32_t)small_class_cap[cls] - hak_tc.cnt[cls].room : 0;
+    return (uint32_t)hak_tc.cap[cls] - (uint32_t)hak_tc.cnt[cls].room;
 }
 
 /* The list of cls is empty: make the NULL-terminated chain of n blocks
@@ -185,9 +189,51 @@ static inline void *tc_take(uint32_t cls, uint32_t n, void **last) {
     return first;
 }
 
+/* The first block of cls's list, for a caller that walks its first n
+ * blocks itself (a flush that looks at each); then tc_cut. */
+static inline void *tc_first(uint32_t cls) {
+    return hak_tc.head[cls];
+}
+
+/* The caller took the first n blocks of cls's list; `rest` is the block
+ * after them (the n-th block's link when the walk began). */
+static inline void tc_cut(uint32_t cls, uint32_t n, void *rest) {
+    hak_tc.head[cls] = rest;
+    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + n);
+}
+
 /* Half a capacity: the batch a refill brings and a flush gives back. */
 static inline uint32_t tc_batch(uint32_t cls) {
-    return small_class_cap[cls] / 2u;
+    return hak_tc.cap[cls] / 2u;
+}
+
+/* A list grows to TC_GROW_BYTES of blocks at most (and TC_GROW_MAX blocks:
+ * room is 16 bits). */
+#define TC_GROW_BYTES ((uint32_t)128 << 10)
+#define TC_GROW_MAX   8192u
+
+/* Double the capacity of cls (its room with it), up to the bound above;
+ * false when it is there already. For a thread that frees more blocks of
+ * a class in a row than its list holds, and then allocates them again
+ * (batches: a queue, a parser's nodes, a request's buffers): each flush
+ * and refill would move half a list between the list and the slabs, a walk
+ * of every block twice, where a list that holds the batch moves nothing. */
+static inline bool tc_grow(uint32_t cls) {
+    uint32_t cap = hak_tc.cap[cls], most = TC_GROW_BYTES / small_class_size[cls];
+    if (most > TC_GROW_MAX) most = TC_GROW_MAX;
+    if (cap >= most) return false;
+    uint32_t grown = 2 * cap < most ? 2 * cap : most;
+    hak_tc.cap[cls] = (uint16_t)grown;
+    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + (int32_t)(grown - cap));
+    return true;
+}
+
+/* The list of cls, empty, back to its first capacity. */
+static inline void tc_shrink(uint32_t cls) {
+    int32_t less = (int32_t)hak_tc.cap[cls] - small_class_cap[cls];
+    if (!hak_tc.open || less <= 0) return;
+    hak_tc.cap[cls] = small_class_cap[cls];
+    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room - less);
 }
 
 /* A thread's first slow path: arm its exit hook and open the caches. False

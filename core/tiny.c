@@ -35,8 +35,9 @@ struct tiny_heap {
     struct ss_slab *avail[TINY_NCLASSES];            /* owned slabs with free blocks */
     struct ss_slab *full[TINY_NCLASSES];             /* owned slabs with none at last look */
     bool warm[TINY_NCLASSES];                        /* first refill done (pre-warm) */
-    struct ss_slab *spare[TINY_SPARES];              /* empty slabs kept, newest first */
-    _Atomic(void *) next_free;                       /* on tiny_heaps */
+    bool refilled[TINY_NCLASSES];       /* a refill since the class's last flush (tiny_free_slow) */
+    struct ss_slab *spare[TINY_SPARES]; /* empty slabs kept, newest first */
+    _Atomic(void *) next_free;          /* on tiny_heaps */
 };
 #define TINY_HEAP_CHUNK (64 * 1024)
 #define TINY_HEAP_LINK  offsetof(struct tiny_heap, next_free)
@@ -210,7 +211,7 @@ static void tiny_maybe_release(struct tiny_heap *h, struct ss_slab *s) {
     memmove(&h->spare[1], &h->spare[0], (TINY_SPARES - 1) * sizeof h->spare[0]);
     h->spare[0] = s;
     s->where = WHERE_SPARE;
-    if (old) ss_release(old);
+    if (old) ss_release(old, false);
 }
 
 /* A spare slab of cls out of the heap's, or NULL. */
@@ -229,7 +230,7 @@ static struct ss_slab *tiny_take_spare(struct tiny_heap *h, uint32_t cls) {
 static bool tiny_release_spares(struct tiny_heap *h) {
     bool any = h->spare[0] != NULL;
     for (uint32_t i = 0; i < TINY_SPARES; i++) {
-        if (h->spare[i]) ss_release(h->spare[i]);
+        if (h->spare[i]) ss_release(h->spare[i], true);
         h->spare[i] = NULL;
     }
     return any;
@@ -310,37 +311,56 @@ void *tiny_alloc_slow(uint32_t cls) {
             return NULL;
         }
     }
+    h->refilled[cls] = true;
     tiny_stat(cls, ST_REFILLS, 1);
     return tiny_handed_out(tc_pop_filled(cls));
 }
 
-/* Return n blocks of cls from the thread cache to their slabs. */
+/* Return n blocks of cls from the thread cache to their slabs. The cache
+ * holds blocks mostly in runs of one slab (a batch is allocated from one
+ * slab, and freed in order or in reverse): each run, already linked, goes
+ * onto its slab's free list in one splice, its slab's counts and lists
+ * updated once (per block, one load and one compare of the slot it lies
+ * in). */
 static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
-    void *last;
-    void *b = tc_take(cls, n, &last);
+    void *b = tc_first(cls);
     tiny_flow.flushed[cls] += n;
     usage_add(-(int64_t)n * small_class_size[cls]);
-    for (uint32_t i = 0; i < n; i++) {
-        void *next = *(void **)b;
-        struct ss_slab *s = ss_slab_of(b);
-        *(void **)b = s->free;
-        s->free = b;
-        s->used--;
+    for (uint32_t i = 0; i < n;) {
+        void *first = b, *last;
+        uintptr_t slot = (uintptr_t)b >> SS_SLOT_SHIFT;
+        uint32_t k = 0;
+        do {
+            last = b;
+            b = *(void **)b;
+            k++;
+        } while (i + k < n && (uintptr_t)b >> SS_SLOT_SHIFT == slot);
+        i += k;
+        struct ss_slab *s = ss_slab_of(first);
+        *(void **)last = s->free;
+        s->free = first;
+        s->used = (uint16_t)(s->used - k);
         if (s->where == WHERE_FULL) {
             tiny_list_unlink(h, s);
             tiny_list_push(h, s, WHERE_AVAIL);
         }
         tiny_maybe_release(h, s);
-        b = next;
     }
+    tc_cut(cls, n, b);
     tiny_stat(cls, ST_FLUSHES, 1);
 }
 
 void tiny_free_slow(void *p, uint32_t cls) {
     /* Only the owner gets here, and owning a slab means the caches are open:
-     * the list is full. Give half back, then keep p. */
+     * the list is full. When blocks of the class came back from the slabs
+     * since it was last full, the list is too small for the thread's
+     * batches: it grows (tc_grow). Otherwise (or at its bound) half goes
+     * back. Then it keeps p. */
+    struct tiny_heap *h = hak_tc.heap;
     tc_refund(cls);
-    tiny_give_back(hak_tc.heap, cls, tc_batch(cls));
+    bool grew = h->refilled[cls] && tc_grow(cls);
+    h->refilled[cls] = false;
+    if (!grew) tiny_give_back(h, cls, tc_batch(cls));
     tc_push(cls, p);
 }
 
@@ -377,7 +397,7 @@ void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
 static bool tiny_let_go(struct ss_slab *s, struct ss_chain *c) {
     tiny_drain(s);
     if (s->used == 0) {
-        ss_release(s);
+        ss_release(s, true);
         return true;
     }
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_release);
@@ -394,6 +414,7 @@ static void tiny_orphan(uint32_t cls, const struct ss_chain *c) {
 static void tiny_heap_exit(struct tiny_heap *h) {
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
+        h->refilled[cls] = false; /* (the next thread's lists start small) */
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
         struct ss_chain c = {NULL, NULL};
         for (int l = 0; l < 3; l++) {
@@ -421,12 +442,13 @@ bool tiny_trim(void) {
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (h == NULL) break;
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
+        tc_shrink(cls); /* (and grows again if the thread's batches need it) */
         struct ss_slab *cur = h->cur[cls];
         if (cur) {
             tiny_drain(cur);
             if (cur->used == 0) { /* refills would come from it: not any more */
                 h->cur[cls] = NULL;
-                ss_release(cur);
+                ss_release(cur, true);
                 any = true;
             }
         }
@@ -437,7 +459,7 @@ bool tiny_trim(void) {
                 tiny_drain(s);
                 if (s->used == 0) {
                     tiny_list_unlink(h, s);
-                    ss_release(s);
+                    ss_release(s, true);
                     any = true;
                 } else if (s->free && s->where == WHERE_FULL) {
                     /* Drained blocks: refills must find this slab again. */

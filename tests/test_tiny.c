@@ -990,6 +990,43 @@ static void test_double_free_after_flush(void **state) {
     }
 }
 
+/* A flush gives the cache's blocks back to their slabs a run of one slab
+ * at a time: with the blocks of three slabs freed interleaved (runs of
+ * one), in order (long runs) and in reverse, every slab's count of blocks
+ * out is what the cache still holds of it, and every block comes back once. */
+static void test_flush_gives_runs_back_to_their_slabs(void **state) {
+    (void)state;
+    const uint32_t cls = 22; /* 1792 B: 36 a slab, used by nothing else here */
+    enum { N = 108 };
+    size_t size = small_class_size[cls];
+    for (int order = 0; order < 3; order++) {
+        void *p[N];
+        for (int i = 0; i < N; i++) {
+            p[i] = malloc(size);
+            lm_alloc(p[i], 0);
+        }
+        /* Three slabs' blocks: interleave them by slab position. */
+        struct ss_slab *slab[N];
+        for (int i = 0; i < N; i++)
+            slab[i] = ss_slab_of(p[i]);
+        for (int k = 0; k < N; k++) {
+            int i = order == 0 ? (k % 3) * (N / 3) + k / 3 : order == 1 ? k : N - 1 - k;
+            lm_free(p[i]);
+            free(p[i]);
+        }
+        uint32_t out = 0;
+        for (int i = 0; i < N; i++) {
+            bool first = true;
+            for (int j = 0; j < i; j++)
+                first &= slab[j] != slab[i];
+            if (first) out += slab[i]->used;
+        }
+        assert_int_equal(out, tc_count(cls));
+        assert_int_equal(atomic_load(&lm_errors), 0);
+    }
+    assert_int_equal(lm_reset(), 0);
+}
+
 static void *free_one_and_exit(void *arg) {
     free(arg);
     return NULL;
@@ -1111,6 +1148,7 @@ int main(void) {
         cmocka_unit_test_setup(test_free_in_given_back_superslab, setup),
         cmocka_unit_test_setup(test_immediate_double_free, setup),
         cmocka_unit_test_setup(test_double_free_after_flush, setup),
+        cmocka_unit_test_setup(test_flush_gives_runs_back_to_their_slabs, setup),
         cmocka_unit_test_setup(test_double_free_after_slab_released, setup),
         cmocka_unit_test(test_tiny_beyond_a_full_range),
     };

@@ -361,6 +361,8 @@ static __attribute__((noinline)) void *front_large_miss(size_t n) {
  * one thread makes the tiers' purge passes. A thread looks at the clock
  * once per FRONT_PURGE_TICK misses. */
 #define FRONT_PURGE_TICK 64
+/* ... and once per FRONT_LOOK_ALLOCS allocations of a class (front_sample). */
+#define FRONT_LOOK_ALLOCS 4096
 static _Atomic uint64_t front_purge_next; /* ms */
 
 static __thread uint64_t front_purge_mine; /* ms: this thread's next look at its own */
@@ -408,7 +410,16 @@ static inline void *front_class_slow(uint32_t cls) {
 static void *front_sample(size_t n, uint32_t cls) {
     tc_due_undo(cls);
     size_t size = small_class_size[cls];
-    if (tc_rearm(cls, prof_countdown(size)) && prof_on && !prof_busy) {
+    int64_t cd = prof_countdown(size);
+    if (!prof_on) {
+        /* Nothing to sample: the countdown still comes due every
+         * FRONT_LOOK_ALLOCS allocations of the class, for the thread's look
+         * at the ages, which its misses alone would seldom bring once its
+         * cache holds its batches (tc_grow). */
+        if (cd > FRONT_LOOK_ALLOCS) cd = FRONT_LOOK_ALLOCS;
+        front_purge();
+    }
+    if (tc_rearm(cls, cd) && prof_on && !prof_busy) {
         size_t align = size & -size; /* what the class's blocks are aligned to */
         void *p = large_alloc_sampled(size, align < 2 * HAK_PAGE_SIZE ? align : 2 * HAK_PAGE_SIZE,
                                       false, n, true);

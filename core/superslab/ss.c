@@ -441,7 +441,7 @@ static void ss_retry_retires(void) {
         ss_try_retire(todo[i]);
 }
 
-void ss_release(struct ss_slab *s) {
+void ss_release(struct ss_slab *s, bool retire) {
     struct superslab *ss = ss_of(s);
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_relaxed);
     ss_set_state(s, SS_EMPTY);
@@ -449,7 +449,8 @@ void ss_release(struct ss_slab *s) {
     ss_count(SC_RELEASES, 1);
     lf_push(&ss_empty[s->cls].s, s, SS_SLAB_LINK);
     /* Pushed before it stops counting: until then ss cannot be retired. */
-    if (atomic_fetch_sub_explicit(&ss->nactive, 1, memory_order_acq_rel) == 1) ss_try_retire(ss);
+    if (atomic_fetch_sub_explicit(&ss->nactive, 1, memory_order_acq_rel) == 1 && retire)
+        ss_try_retire(ss);
     /* A later pass has work. After the push (the fence): a pass that
      * cleared the flag before its look finds the slab or is seen here. */
     atomic_thread_fence(memory_order_seq_cst);
@@ -526,6 +527,17 @@ bool ss_trim(void) {
 
 /* Slots a timed pass decommits at most. */
 #define SS_PURGE_BATCH 1024
+/* SuperSlabs with no ACTIVE slot a pass retires at most (the others, at the
+ * next). */
+#define SS_IDLE_MAX 256
+
+/* ss in idle[0 .. n) (once): the new n. */
+static uint32_t ss_note_idle(struct superslab **idle, uint32_t n, struct superslab *ss) {
+    for (uint32_t i = n; i-- > 0;)
+        if (idle[i] == ss) return n;
+    idle[n] = ss;
+    return n + 1;
+}
 
 /* One pass over every class's EMPTY slabs: each one empty since an earlier
  * pass (every one, with `all`) and still holding carved blocks gives its
@@ -540,12 +552,20 @@ static bool ss_purge_pass(bool all) {
     atomic_store_explicit(&ss_dirty, false, memory_order_relaxed);
     atomic_thread_fence(memory_order_seq_cst);
     bool left = false; /* a slot empty since this pass only */
+    /* SuperSlabs with no ACTIVE slot: retired after the pass (ss_release
+     * left them for it, to be reused for up to an age). */
+    struct superslab *idle[SS_IDLE_MAX];
+    uint32_t nidle = 0;
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         struct ss_chain keep = {NULL, NULL}, todo = {NULL, NULL};
         for (struct ss_slab *s = lf_take_all(&ss_empty[cls].s), *next; s; s = next) {
             next = s->next;
             /* A slot purged before is carved 0: nothing of it is resident. */
             bool due = s->carved != 0 && (all || s->epoch != epoch);
+            struct superslab *ss = ss_of(s);
+            if (nidle < SS_IDLE_MAX &&
+                atomic_load_explicit(&ss->nactive, memory_order_relaxed) == 0)
+                nidle = ss_note_idle(idle, nidle, ss);
             if (due && n < max) {
                 n++;
                 ss_chain_add(&todo, s);
@@ -569,7 +589,9 @@ static bool ss_purge_pass(bool all) {
     atomic_store_explicit(&ss_epoch, (uint8_t)(epoch + 1), memory_order_relaxed);
     if (left || n >= max) ss_set_dirty();
     ss_retry_retires();
-    return n > 0;
+    for (uint32_t i = 0; i < nidle; i++)
+        ss_try_retire(idle[i]);
+    return n > 0 || nidle > 0;
 }
 
 bool ss_purge(bool all) {

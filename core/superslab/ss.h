@@ -157,8 +157,13 @@ static inline void ss_set_carved(struct ss_slab *s, uint32_t n) {
  * memory or out of SuperSlab range. Its owner is left for the caller to set.
  * A slab from stage 1 keeps its carved blocks on its free list. */
 struct ss_slab *ss_acquire(uint32_t cls, uint32_t size);
-/* Give back a slab with no block out (used == 0). */
-void ss_release(struct ss_slab *s);
+/* Give back a slab with no block out (used == 0). Its SuperSlab, when no
+ * slot of it is ACTIVE any more, is retired (its pages given back) at once
+ * with `retire` (a thread's exit, a trim), else by the first purge pass
+ * that finds one of its slots empty since an earlier pass: a program that
+ * frees a batch of blocks and allocates the like again soon reuses the
+ * slots, pages and carved blocks and all. */
+void ss_release(struct ss_slab *s, bool retire);
 /* A slab's owner carved `bytes` more of it into blocks (for mallinfo2);
  * counted per thread, published in batches and by ss_flush_counts (at the
  * thread's exit, and before a read). */
