@@ -41,6 +41,7 @@ struct hak_tcache {
      * class whose blocks went back to their slabs and came out again
      * (tc_grow); 0 while closed. */
     uint16_t cap[SMALL_NCLASSES];
+    uint16_t grown;         /* blocks of capacity the lists grew by, together */
     bool open;              /* caches open: room counts from cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
     struct pool_heap *pool; /* this thread's Pool heap, NULL until needed */
@@ -210,7 +211,11 @@ static inline uint32_t tc_batch(uint32_t cls) {
 /* A list grows to TC_GROW_BYTES of blocks at most (and TC_GROW_MAX blocks:
  * room is 16 bits). */
 #define TC_GROW_BYTES ((uint32_t)128 << 10)
-#define TC_GROW_MAX   8192u
+#define TC_GROW_MAX   2048u
+/* ... and all of a thread's lists together grow by TC_GROW_BUDGET blocks at
+ * most: a grown list's blocks each keep their slab in use (a batch freed
+ * in random order leaves one in each of many slabs). */
+#define TC_GROW_BUDGET 4096u
 
 /* Double the capacity of cls (its room with it), up to the bound above;
  * false when it is there already. For a thread that frees more blocks of
@@ -223,6 +228,8 @@ static inline bool tc_grow(uint32_t cls) {
     if (most > TC_GROW_MAX) most = TC_GROW_MAX;
     if (cap >= most) return false;
     uint32_t grown = 2 * cap < most ? 2 * cap : most;
+    if (hak_tc.grown + (grown - cap) > TC_GROW_BUDGET) return false;
+    hak_tc.grown = (uint16_t)(hak_tc.grown + (grown - cap));
     hak_tc.cap[cls] = (uint16_t)grown;
     hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + (int32_t)(grown - cap));
     return true;
@@ -234,6 +241,7 @@ static inline void tc_shrink(uint32_t cls) {
     if (!hak_tc.open || less <= 0) return;
     hak_tc.cap[cls] = small_class_cap[cls];
     hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room - less);
+    hak_tc.grown = (uint16_t)(hak_tc.grown - less);
 }
 
 /* A thread's first slow path: arm its exit hook and open the caches. False

@@ -22,7 +22,8 @@ enum { WHERE_CUR, WHERE_AVAIL, WHERE_FULL, WHERE_SPARE };
  * time, and each trip to the SuperSlabs is two atomics on lines every
  * thread writes. Given back at the thread's exit and on malloc_trim; up to
  * 2 x 64 KiB a thread. */
-#define TINY_SPARES 2
+#define TINY_SPARES   2
+#define TINY_IDLE_MAX 64
 
 /* A thread's slabs. Heaps are never unmapped, only recycled, so a remote
  * freer may still touch the heap a slab's owner field named a moment ago.
@@ -35,7 +36,13 @@ struct tiny_heap {
     struct ss_slab *avail[TINY_NCLASSES];            /* owned slabs with free blocks */
     struct ss_slab *full[TINY_NCLASSES];             /* owned slabs with none at last look */
     bool warm[TINY_NCLASSES];                        /* first refill done (pre-warm) */
-    bool refilled[TINY_NCLASSES];       /* a refill since the class's last flush (tiny_free_slow) */
+    bool refilled[TINY_NCLASSES]; /* a refill since the class's last flush (tiny_free_slow) */
+    bool grew[TINY_NCLASSES];     /* the list grew since the last look (tiny_age) */
+    /* SuperSlabs this heap's releases left idle (ss_release), the latest
+     * TINY_IDLE_MAX: retired at the thread's exit, which gives back what
+     * it used at once (the others wait for a purge pass). */
+    struct superslab *idle[TINY_IDLE_MAX];
+    uint32_t nidle;
     struct ss_slab *spare[TINY_SPARES]; /* empty slabs kept, newest first */
     _Atomic(void *) next_free;          /* on tiny_heaps */
 };
@@ -202,6 +209,15 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
     return n;
 }
 
+/* ss was left idle by a release of h's (noted once; past TINY_IDLE_MAX
+ * notes, the oldest are overwritten). */
+static void tiny_note_idle(struct tiny_heap *h, struct superslab *ss) {
+    uint32_t n = h->nidle < TINY_IDLE_MAX ? h->nidle : TINY_IDLE_MAX;
+    for (uint32_t i = 0; i < n; i++)
+        if (h->idle[i] == ss) return;
+    h->idle[h->nidle++ % TINY_IDLE_MAX] = ss;
+}
+
 /* An empty slab, unless refills are coming from it, among the heap's
  * spares (and the oldest spare back to the SuperSlabs). Owner only. */
 static void tiny_maybe_release(struct tiny_heap *h, struct ss_slab *s) {
@@ -211,7 +227,7 @@ static void tiny_maybe_release(struct tiny_heap *h, struct ss_slab *s) {
     memmove(&h->spare[1], &h->spare[0], (TINY_SPARES - 1) * sizeof h->spare[0]);
     h->spare[0] = s;
     s->where = WHERE_SPARE;
-    if (old) ss_release(old, false);
+    if (old && ss_release(old, false)) tiny_note_idle(h, ss_of(old));
 }
 
 /* A spare slab of cls out of the heap's, or NULL. */
@@ -360,6 +376,7 @@ void tiny_free_slow(void *p, uint32_t cls) {
     tc_refund(cls);
     bool grew = h->refilled[cls] && tc_grow(cls);
     h->refilled[cls] = false;
+    h->grew[cls] |= grew;
     if (!grew) tiny_give_back(h, cls, tc_batch(cls));
     tc_push(cls, p);
 }
@@ -414,7 +431,7 @@ static void tiny_orphan(uint32_t cls, const struct ss_chain *c) {
 static void tiny_heap_exit(struct tiny_heap *h) {
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
-        h->refilled[cls] = false; /* (the next thread's lists start small) */
+        h->refilled[cls] = h->grew[cls] = false; /* (the next thread's lists start small) */
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
         struct ss_chain c = {NULL, NULL};
         for (int l = 0; l < 3; l++) {
@@ -426,6 +443,13 @@ static void tiny_heap_exit(struct tiny_heap *h) {
         tiny_orphan(cls, &c);
     }
     tiny_release_spares(h);
+    /* What it left idle earlier (and its flush above) goes too; past the
+     * notes' room, a sweep of every idle SuperSlab. */
+    uint32_t n = h->nidle < TINY_IDLE_MAX ? h->nidle : TINY_IDLE_MAX;
+    for (uint32_t i = 0; i < n; i++)
+        ss_retire_idle(h->idle[i]);
+    if (h->nidle > TINY_IDLE_MAX) ss_retire_all_idle();
+    h->nidle = 0;
     hak_tc.heap = NULL;
     lf_push(&tiny_heaps, h, TINY_HEAP_LINK);
 }
@@ -434,6 +458,20 @@ void tiny_thread_exit(void) {
     tiny_merge_counts();
     if (hak_tc.heap) tiny_heap_exit(hak_tc.heap);
     ss_flush_counts(); /* last: nothing above is left pending */
+}
+
+void tiny_age(void) {
+    struct tiny_heap *h = hak_tc.heap;
+    if (h == NULL) return;
+    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
+        if (hak_tc.cap[cls] <= small_class_cap[cls]) continue;
+        if (h->grew[cls]) { /* (in use: its batches grew it this age) */
+            h->grew[cls] = false;
+            continue;
+        }
+        if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
+        tc_shrink(cls);
+    }
 }
 
 bool tiny_trim(void) {

@@ -96,6 +96,11 @@ void tiny_thread_exit(void);
 /* malloc_trim: drain this thread's slabs and the orphans, give back every
  * empty slab; true when something was given back. */
 bool tiny_trim(void);
+/* This thread's lists grown for batches (tc_grow) and not grown again
+ * since the last call: emptied, back to their first capacity (a grown list
+ * keeps up to TC_GROW_BYTES of blocks, each holding its slab). Every
+ * HAKMEM_BIGCACHE_AGE_MS at most, from the thread's own calls. */
+void tiny_age(void);
 
 struct tiny_class_stats {
     uint64_t allocs, frees; /* exited threads' and the caller's */

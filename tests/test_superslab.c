@@ -50,7 +50,7 @@ static void hold(struct ss_slab *s) {
 static int release_held(void **state) {
     (void)state;
     while (g_held_n > 0)
-        ss_release(g_held[--g_held_n]);
+        ss_release(g_held[--g_held_n], true);
     hak_cfg.ss_cache = 8;
     return 0;
 }
@@ -295,7 +295,7 @@ static void test_release_then_acquire_same_class_is_stage1(void **state) {
     void *first_free = x->free;
 
     struct ss_stats a = stats();
-    ss_release(x);
+    ss_release(x, true);
     struct ss_stats b = stats();
     assert_int_equal(b.releases - a.releases, 1);
     assert_int_equal(b.retired - a.retired, 0);
@@ -325,7 +325,7 @@ static void test_release_then_acquire_same_class_is_stage1(void **state) {
     struct ss_slab *z = acquire(CLS_B, &st); /* maps a SuperSlab with 30 UNUSED slots */
     hold(z);
     assert_true(st == ST_3_OS || st == ST_3_CACHE);
-    ss_release(y);
+    ss_release(y, true);
     struct ss_slab *w = acquire(CLS_A, &st);
     hold(w);
     assert_int_equal(st, ST_1);
@@ -397,7 +397,7 @@ static void test_empty_slab_of_other_class_is_recut(void **state) {
         hold(s[i]);
     struct ss_slab *x = s[0];
     carve(x, 10);
-    ss_release(x); /* the only EMPTY slab; no UNUSED slot anywhere */
+    ss_release(x, true); /* the only EMPTY slab; no UNUSED slot anywhere */
 
     uint64_t mmaps = os_calls(OS_MMAP);
     enum stage st;
@@ -429,7 +429,7 @@ static void test_unused_slot_preferred_to_recut(void **state) {
     take_whole_superslab(CLS_A, s, NULL);
     for (uint32_t i = 1; i < DATA_SLOTS; i++)
         hold(s[i]);
-    ss_release(s[0]); /* EMPTY, class A */
+    ss_release(s[0], true); /* EMPTY, class A */
     enum stage st;
     struct ss_slab *n = acquire(CLS_B, &st); /* no UNUSED slot: re-cut */
     assert_int_equal(st, ST_2_RECLASS);
@@ -438,7 +438,7 @@ static void test_unused_slot_preferred_to_recut(void **state) {
     struct ss_slab *fresh = acquire(CLS_B, &st); /* a new SuperSlab */
     hold(fresh);
     assert_true(st == ST_3_OS || st == ST_3_CACHE);
-    ss_release(n); /* EMPTY, class B now */
+    ss_release(n, true); /* EMPTY, class B now */
     struct ss_slab *a = acquire(CLS_A, &st);
     hold(a);
     assert_int_equal(st, ST_2); /* the new SuperSlab's UNUSED slot, not the B slab */
@@ -450,6 +450,37 @@ static void test_unused_slot_preferred_to_recut(void **state) {
 }
 
 /* ---- retiring a SuperSlab whose slots all came back ------------------------- */
+
+/* A release without `retire` (a thread's ordinary frees) leaves the
+ * SuperSlab whose last slot came back as it is, pages and carved blocks
+ * and all, for its class to take again without a call; the next purge pass
+ * retires it. */
+static void test_idle_superslab_waits_for_a_pass(void **state) {
+    (void)state;
+    hak_cfg.ss_cache = 1000;
+    struct ss_slab *s[DATA_SLOTS];
+    struct superslab *ss = take_whole_superslab(CLS_A, s, NULL);
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        carve(s[i], 5);
+    uint64_t madv = os_calls(OS_MADVISE);
+    struct ss_stats a = stats();
+    for (uint32_t i = 0; i < DATA_SLOTS; i++)
+        ss_release(s[i], false);
+    struct ss_stats b = stats();
+    assert_int_equal(b.retired, a.retired);
+    assert_int_equal(os_calls(OS_MADVISE), madv);
+    /* Taken again as it was: carved, no call. */
+    enum stage st;
+    struct ss_slab *again = acquire(CLS_A, &st);
+    assert_int_equal(st, ST_1);
+    assert_ptr_equal(ss_of(again), ss);
+    assert_int_equal(again->carved, 5);
+    ss_release(again, false);
+    /* A pass (malloc_trim's: every empty slot now) retires it. */
+    ss_purge(true);
+    struct ss_stats c = stats();
+    assert_int_equal(c.retired - a.retired, 1);
+}
 
 static void test_retired_superslab_cached_then_reused(void **state) {
     (void)state;
@@ -463,12 +494,12 @@ static void test_retired_superslab_cached_then_reused(void **state) {
     uint64_t madv = os_calls(OS_MADVISE), unmaps = os_calls(OS_MUNMAP);
     struct ss_stats a = stats();
     for (uint32_t i = 0; i + 1 < DATA_SLOTS; i++)
-        ss_release(s[i]);
+        ss_release(s[i], true);
     struct ss_stats b = stats();
     assert_int_equal(b.releases - a.releases, DATA_SLOTS - 1);
     assert_int_equal(b.retired, a.retired); /* one slot still out */
     assert_int_equal(os_calls(OS_MADVISE), madv);
-    ss_release(s[DATA_SLOTS - 1]);
+    ss_release(s[DATA_SLOTS - 1], true);
     struct ss_stats c = stats();
     assert_int_equal(c.retired - a.retired, 1);
     assert_int_equal(c.cached - a.cached, 1);
@@ -523,7 +554,7 @@ static void test_retired_superslab_unmapped_without_cache(void **state) {
     uint64_t prots = os_calls(OS_MPROTECT);
     struct ss_stats a = stats();
     for (uint32_t i = 0; i < DATA_SLOTS; i++)
-        ss_release(s[i]);
+        ss_release(s[i], true);
     struct ss_stats b = stats();
     assert_int_equal(b.retired - a.retired, 1);
     assert_int_equal(b.unmapped - a.unmapped, 1);
@@ -565,9 +596,9 @@ static void test_cache_bound_then_unmap(void **state) {
     struct ss_stats a = stats();
     hak_cfg.ss_cache = a.cached + 1;
     for (uint32_t i = 0; i < DATA_SLOTS; i++)
-        ss_release(s1[i]);
+        ss_release(s1[i], true);
     for (uint32_t i = 0; i < DATA_SLOTS; i++)
-        ss_release(s2[i]);
+        ss_release(s2[i], true);
     struct ss_stats b = stats();
     assert_int_equal(b.retired - a.retired, 2);
     assert_int_equal(b.cached - a.cached, 1);
@@ -584,8 +615,8 @@ static void test_trim_unmaps_cached_superslabs(void **state) {
     struct superslab *ss2 = take_whole_superslab(CLS_B, s2, NULL);
     struct ss_stats a = stats();
     for (uint32_t i = 0; i < DATA_SLOTS; i++) {
-        ss_release(s1[i]);
-        ss_release(s2[i]);
+        ss_release(s1[i], true);
+        ss_release(s2[i], true);
     }
     struct ss_stats b = stats();
     assert_int_equal(b.cached - a.cached, 2);
@@ -613,7 +644,7 @@ static void test_malloc_trim_unmaps_cached_superslabs(void **state) {
     struct ss_slab *s[DATA_SLOTS];
     struct superslab *ss = take_whole_superslab(CLS_A, s, NULL);
     for (uint32_t i = 0; i < DATA_SLOTS; i++)
-        ss_release(s[i]);
+        ss_release(s[i], true);
     assert_true(maps_writable(ss));
     struct ss_stats a = stats();
     assert_true(a.cached >= 1);
@@ -665,7 +696,7 @@ static void *race_worker(void *arg) {
             uint64_t *b = (uint64_t *)ss_slab_base(s);
             if (b[1] != token[i] || s->state != SS_ACTIVE) atomic_fetch_add(&race_errors, 1);
             atomic_store(&race_claimed[race_index(s)], 0);
-            ss_release(s);
+            ss_release(s, true);
             held[i] = NULL;
             continue;
         }
@@ -684,7 +715,7 @@ static void *race_worker(void *arg) {
     for (int i = 0; i < RACE_HOLD; i++) {
         if (held[i] == NULL) continue;
         atomic_store(&race_claimed[race_index(held[i])], 0);
-        ss_release(held[i]);
+        ss_release(held[i], true);
     }
     ss_flush_counts(); /* as a thread's exit hook does */
     return NULL;
@@ -791,6 +822,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_stage1_after_thread_exit, release_held),
         cmocka_unit_test_teardown(test_empty_slab_of_other_class_is_recut, release_held),
         cmocka_unit_test_teardown(test_unused_slot_preferred_to_recut, release_held),
+        cmocka_unit_test_teardown(test_idle_superslab_waits_for_a_pass, release_held),
         cmocka_unit_test_teardown(test_retired_superslab_cached_then_reused, release_held),
         cmocka_unit_test_teardown(test_retired_superslab_unmapped_without_cache, release_held),
         cmocka_unit_test_teardown(test_cache_bound_then_unmap, release_held),

@@ -785,7 +785,7 @@ static void rx_child(void *arg) {
         ss_get_stats(&b);
         if (s == NULL) _exit(6);
         if (b.stage3_os != a.stage3_os || b.stage3_cache != a.stage3_cache) {
-            ss_release(s); /* retired and unmapped at once */
+            ss_release(s, true); /* retired and unmapped at once */
             break;
         }
     }
@@ -899,7 +899,7 @@ static void test_free_in_unused_slot(void **state) {
     expect_free_abort(do_free, base, "invalid pointer");
     expect_free_abort(do_free, base + 384, "invalid pointer");
     while (n > 0)
-        ss_release(held[--n]);
+        ss_release(held[--n], true);
     munmap(held, MAX * sizeof *held);
 }
 
@@ -929,14 +929,14 @@ static void test_free_in_given_back_superslab(void **state) {
     uint64_t cache = hak_cfg.ss_cache;
     hak_cfg.ss_cache = 0;
     for (uint32_t i = first; i < n; i++)
-        ss_release(held[i]);
+        ss_release(held[i], true);
     hak_cfg.ss_cache = cache;
     assert_false(maps_writable(ss));
     assert_true(ss_contains(block));
     expect_free_abort(do_free, block, "invalid pointer");
     expect_free_abort(do_free, (uint8_t *)ss + SS_SIZE - 1024, "invalid pointer");
     for (uint32_t i = 0; i < first; i++)
-        ss_release(held[i]);
+        ss_release(held[i], true);
     munmap(held, MAX * sizeof *held);
 }
 
@@ -1025,6 +1025,48 @@ static void test_flush_gives_runs_back_to_their_slabs(void **state) {
         assert_int_equal(atomic_load(&lm_errors), 0);
     }
     assert_int_equal(lm_reset(), 0);
+}
+
+/* A class whose batches are bigger than its list grows its list (no block
+ * goes back to the slabs and out again after the first rounds); a list
+ * not grown again for an age goes back to its first capacity, on the
+ * thread's own later calls. */
+static void test_list_grows_for_batches_then_shrinks(void **state) {
+    (void)state;
+    const uint32_t cls = 6; /* 112 B */
+    enum { N = 200 };
+    size_t size = small_class_size[cls];
+    uint64_t age = hak_cfg.bigcache_age_ms;
+    hak_cfg.bigcache_age_ms = 20;
+    void *p[N];
+    for (int round = 0; round < 8; round++) {
+        for (int i = 0; i < N; i++)
+            p[i] = malloc(size);
+        for (int i = 0; i < N; i++)
+            free(p[i]);
+    }
+    assert_true(hak_tc.cap[cls] >= N);
+    struct tiny_class_stats a[TINY_NCLASSES], b[TINY_NCLASSES];
+    tiny_get_stats(a);
+    for (int i = 0; i < N; i++)
+        p[i] = malloc(size);
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    tiny_get_stats(b);
+    assert_int_equal(b[cls].flushes, a[cls].flushes);
+    assert_int_equal(b[cls].refills, a[cls].refills);
+    /* Other work for a while: the list shrinks. (A hang limit, scaled.) */
+    int64_t limit = hak_test_limit_ms(2000);
+    for (int64_t t0 = hak_test_now_ms();
+         hak_tc.cap[cls] != small_class_cap[cls] && hak_test_now_ms() - t0 < limit;) {
+        struct timespec ms5 = {0, 5 * 1000 * 1000};
+        nanosleep(&ms5, NULL);
+        for (int i = 0; i < 5000; i++)
+            free(malloc(40));
+    }
+    assert_int_equal(hak_tc.cap[cls], small_class_cap[cls]);
+    assert_int_equal(tc_count(cls), 0);
+    hak_cfg.bigcache_age_ms = age;
 }
 
 static void *free_one_and_exit(void *arg) {
@@ -1149,6 +1191,7 @@ int main(void) {
         cmocka_unit_test_setup(test_immediate_double_free, setup),
         cmocka_unit_test_setup(test_double_free_after_flush, setup),
         cmocka_unit_test_setup(test_flush_gives_runs_back_to_their_slabs, setup),
+        cmocka_unit_test_setup(test_list_grows_for_batches_then_shrinks, setup),
         cmocka_unit_test_setup(test_double_free_after_slab_released, setup),
         cmocka_unit_test(test_tiny_beyond_a_full_range),
     };

@@ -377,6 +377,7 @@ static __attribute__((noinline)) void front_purge(void) {
         front_purge_mine = now + hak_cfg.bigcache_age_ms;
         l25_thread_age();
         pool_age();
+        tiny_age();
     }
     uint64_t next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);
     if (now < next) return;

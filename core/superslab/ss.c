@@ -441,21 +441,37 @@ static void ss_retry_retires(void) {
         ss_try_retire(todo[i]);
 }
 
-void ss_release(struct ss_slab *s, bool retire) {
+bool ss_release(struct ss_slab *s, bool retire) {
     struct superslab *ss = ss_of(s);
+    bool idle = false;
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_relaxed);
     ss_set_state(s, SS_EMPTY);
     s->epoch = atomic_load_explicit(&ss_epoch, memory_order_relaxed);
     ss_count(SC_RELEASES, 1);
     lf_push(&ss_empty[s->cls].s, s, SS_SLAB_LINK);
     /* Pushed before it stops counting: until then ss cannot be retired. */
-    if (atomic_fetch_sub_explicit(&ss->nactive, 1, memory_order_acq_rel) == 1 && retire)
-        ss_try_retire(ss);
+    if (atomic_fetch_sub_explicit(&ss->nactive, 1, memory_order_acq_rel) == 1) {
+        if (retire)
+            ss_try_retire(ss);
+        else
+            idle = true;
+    }
     /* A later pass has work. After the push (the fence): a pass that
      * cleared the flag before its look finds the slab or is seen here. */
     atomic_thread_fence(memory_order_seq_cst);
     if (!atomic_load_explicit(&ss_dirty, memory_order_relaxed)) ss_set_dirty();
     ss_purge(false); /* slots released are the ones a later pass finds empty */
+    return idle;
+}
+
+void ss_retire_idle(struct superslab *ss) {
+    ss_try_retire(ss);
+}
+
+static void ss_sweep_idle(void);
+
+void ss_retire_all_idle(void) {
+    ss_sweep_idle();
 }
 
 /* Under an address-space limit, which counts reserved space too: places at
@@ -591,6 +607,7 @@ static bool ss_purge_pass(bool all) {
     ss_retry_retires();
     for (uint32_t i = 0; i < nidle; i++)
         ss_try_retire(idle[i]);
+    if (nidle == SS_IDLE_MAX) ss_set_dirty(); /* (more for the next pass) */
     return n > 0 || nidle > 0;
 }
 

@@ -159,11 +159,17 @@ static inline void ss_set_carved(struct ss_slab *s, uint32_t n) {
 struct ss_slab *ss_acquire(uint32_t cls, uint32_t size);
 /* Give back a slab with no block out (used == 0). Its SuperSlab, when no
  * slot of it is ACTIVE any more, is retired (its pages given back) at once
- * with `retire` (a thread's exit, a trim), else by the first purge pass
- * that finds one of its slots empty since an earlier pass: a program that
- * frees a batch of blocks and allocates the like again soon reuses the
- * slots, pages and carved blocks and all. */
-void ss_release(struct ss_slab *s, bool retire);
+ * with `retire` (a thread's exit, a trim), else by the next purge pass or
+ * ss_retire_idle: a program that frees a batch of blocks and allocates the
+ * like again soon reuses the slots, pages and carved blocks and all. True
+ * when it left its SuperSlab so (no ACTIVE slot, not retired). */
+bool ss_release(struct ss_slab *s, bool retire);
+/* Retire ss if no slot of it is ACTIVE (ss_release left it idle); a
+ * SuperSlab retired or given back since is left alone (ss need not be
+ * mapped any more). */
+void ss_retire_idle(struct superslab *ss);
+/* Retire every SuperSlab with no ACTIVE slot. */
+void ss_retire_all_idle(void);
 /* A slab's owner carved `bytes` more of it into blocks (for mallinfo2);
  * counted per thread, published in batches and by ss_flush_counts (at the
  * thread's exit, and before a read). */
