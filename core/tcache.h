@@ -28,7 +28,9 @@ union tc_counts {
 };
 #define TC_POP      ((int64_t)1 - ((int64_t)1 << 16))
 #define TC_CD_SHIFT 16
-#define TC_CD_MAX   ((int64_t)1 << 46) /* a countdown with sampling off */
+/* The longest countdown (with the profiler off, front_sample caps it at
+ * 4096 allocations, for the thread's look at the ages). */
+#define TC_CD_MAX ((int64_t)1 << 46)
 
 struct hak_tcache {
     void *head[SMALL_NCLASSES]; /* free blocks, linked through word 0 */
@@ -188,19 +190,6 @@ static inline void *tc_take(uint32_t cls, uint32_t n, void **last) {
     hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + n);
     *last = b;
     return first;
-}
-
-/* The first block of cls's list, for a caller that walks its first n
- * blocks itself (a flush that looks at each); then tc_cut. */
-static inline void *tc_first(uint32_t cls) {
-    return hak_tc.head[cls];
-}
-
-/* The caller took the first n blocks of cls's list; `rest` is the block
- * after them (the n-th block's link when the walk began). */
-static inline void tc_cut(uint32_t cls, uint32_t n, void *rest) {
-    hak_tc.head[cls] = rest;
-    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + n);
 }
 
 /* Half a capacity: the batch a refill brings and a flush gives back. */

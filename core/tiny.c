@@ -212,8 +212,7 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
 /* ss was left idle by a release of h's (noted once; past TINY_IDLE_MAX
  * notes, the oldest are overwritten). */
 static void tiny_note_idle(struct tiny_heap *h, struct superslab *ss) {
-    uint32_t n = h->nidle < TINY_IDLE_MAX ? h->nidle : TINY_IDLE_MAX;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < h->nidle && i < TINY_IDLE_MAX; i++)
         if (h->idle[i] == ss) return;
     h->idle[h->nidle++ % TINY_IDLE_MAX] = ss;
 }
@@ -339,11 +338,16 @@ void *tiny_alloc_slow(uint32_t cls) {
  * updated once (per block, one load and one compare of the slot it lies
  * in). */
 static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
-    void *b = tc_first(cls);
+    /* Off the list first: what the slabs' work below may reach (a purge
+     * pass, its calls) can be a signal handler's free or malloc of this
+     * class, which must find the list whole. (The walk again below is over
+     * blocks just read.) */
+    void *last;
+    void *b = tc_take(cls, n, &last);
     tiny_flow.flushed[cls] += n;
     usage_add(-(int64_t)n * small_class_size[cls]);
     for (uint32_t i = 0; i < n;) {
-        void *first = b, *last;
+        void *first = b;
         uintptr_t slot = (uintptr_t)b >> SS_SLOT_SHIFT;
         uint32_t k = 0;
         do {
@@ -362,7 +366,6 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
         }
         tiny_maybe_release(h, s);
     }
-    tc_cut(cls, n, b);
     tiny_stat(cls, ST_FLUSHES, 1);
 }
 
@@ -375,8 +378,9 @@ void tiny_free_slow(void *p, uint32_t cls) {
     struct tiny_heap *h = hak_tc.heap;
     tc_refund(cls);
     bool grew = h->refilled[cls] && tc_grow(cls);
+    /* (In use for batches, grown now or at its bound: tiny_age keeps it.) */
+    h->grew[cls] |= h->refilled[cls];
     h->refilled[cls] = false;
-    h->grew[cls] |= grew;
     if (!grew) tiny_give_back(h, cls, tc_batch(cls));
     tc_push(cls, p);
 }
@@ -445,8 +449,7 @@ static void tiny_heap_exit(struct tiny_heap *h) {
     tiny_release_spares(h);
     /* What it left idle earlier (and its flush above) goes too; past the
      * notes' room, a sweep of every idle SuperSlab. */
-    uint32_t n = h->nidle < TINY_IDLE_MAX ? h->nidle : TINY_IDLE_MAX;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < h->nidle && i < TINY_IDLE_MAX; i++)
         ss_retire_idle(h->idle[i]);
     if (h->nidle > TINY_IDLE_MAX) ss_retire_all_idle();
     h->nidle = 0;
