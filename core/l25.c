@@ -517,20 +517,29 @@ void *l25_alloc_uncached(uint32_t cls) {
 /* p (a block of b, neither live nor cached) back into b; true when it is
  * time for a look at the clock (a purge pass due?). Lock of b's shard s
  * held; work for after it in *todo. */
+/* Blocks `bits` of word w of b free again: the bundle to the empty list
+ * when they were its last blocks out (its work in todo, after the lock),
+ * else back on the partial list if a refill had taken it off. Lock held. */
+static void l25_return_locked(struct l25_shard *s, struct l25_bundle *b, uint32_t w, uint64_t bits,
+                              struct l25_todo *todo) {
+    b->avail[w] |= bits;
+    if (b->hint > w) b->hint = w;
+    b->navail += (uint32_t)__builtin_popcountll(bits);
+    if (b->navail == b->nblocks - b->first) {
+        l25_became_empty(s, b, todo);
+    } else if (!b->listed) {
+        l25_list_push(&s->partial, b);
+        b->listed = true;
+    }
+}
+
 static bool l25_put_locked(struct l25_shard *s, struct l25_bundle *b, void *p,
                            struct l25_todo *todo) {
     l25_work(s);
     size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
     s->flushes++;
     s->carved_bytes -= b->size;
-    b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
-    if (b->hint > i >> 6) b->hint = (uint32_t)(i >> 6);
-    if (++b->navail == b->nblocks - b->first) {
-        l25_became_empty(s, b, todo);
-    } else if (!b->listed) {
-        l25_list_push(&s->partial, b);
-        b->listed = true;
-    }
+    l25_return_locked(s, b, (uint32_t)(i >> 6), (uint64_t)1 << (i & 63), todo);
     return (s->flushes & 63) == 0; /* every 64 blocks back */
 }
 
@@ -1380,23 +1389,13 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
             for (uint64_t run; (run = l25_next_run(&runs)) != 0;)
                 released |= l25_run_decommit(out[k].b, 0, run);
         }
-        /* Back, as l25_put_locked puts a block (a bundle they empty goes to
-         * the empty list; its work after the lock). */
+        /* Back, as freed blocks come back. */
         for (uint32_t k = 0; k < n;) {
             struct l25_todo todo = {.n = 0};
             hak_lock(&s->lock);
             for (; k < n && todo.n + 2 <= sizeof todo.b / sizeof todo.b[0]; k++) {
-                struct l25_bundle *b = out[k].b;
-                b->avail1 |= out[k].bits;
-                b->hint = 0;
-                b->navail += (uint32_t)__builtin_popcountll(out[k].bits);
+                l25_return_locked(s, out[k].b, 0, out[k].bits, &todo);
                 s->purging--;
-                if (b->navail == b->nblocks - b->first) {
-                    l25_became_empty(s, b, &todo);
-                } else if (!b->listed) { /* (a refill took its last other block) */
-                    l25_list_push(&s->partial, b);
-                    b->listed = true;
-                }
             }
             l25_work(s);
             hak_unlock(&s->lock);

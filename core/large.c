@@ -231,7 +231,8 @@ static inline bool large_shard_any(struct large_cache *lc) {
     return atomic_load_explicit(&lc->glance_n, memory_order_relaxed) != 0;
 }
 
-/* Bytes the shards other than lc hold, as of their last unlocks. */
+/* Bytes the shards other than lc (all of them with NULL) hold, as of their
+ * last unlocks. */
 static size_t large_others_bytes(const struct large_cache *lc) {
     size_t b = 0;
     for (uint32_t s = 0; s < LARGE_SHARDS; s++)
@@ -489,10 +490,7 @@ static void large_age_look(uint64_t now, bool tcs) {
  * seeing only its own, both could pass the bound and leave it passed). */
 static size_t large_cache_total(void) {
     atomic_thread_fence(memory_order_seq_cst);
-    size_t total = 0;
-    for (uint32_t s = 0; s < LARGE_SHARDS; s++)
-        total += atomic_load_explicit(&large_caches[s].glance_bytes, memory_order_relaxed);
-    return total;
+    return large_others_bytes(NULL);
 }
 
 /* The shards together past the bound after a put into `home` (which made

@@ -19,6 +19,5 @@ void tc_thread_close(void) {
     /* The lists are empty by now: every tier flushed them. */
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         hak_tc.cnt[cls].room = (int16_t)(hak_tc.cap[cls] = 0);
-    hak_tc.grown = 0;
     hak_tc.open = false;
 }

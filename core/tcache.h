@@ -43,7 +43,6 @@ struct hak_tcache {
      * class whose blocks went back to their slabs and came out again
      * (tc_grow); 0 while closed. */
     uint16_t cap[SMALL_NCLASSES];
-    uint16_t grown;         /* blocks of capacity the lists grew by, together */
     bool open;              /* caches open: room counts from cap */
     struct tiny_heap *heap; /* this thread's Tiny heap, NULL until needed */
     struct pool_heap *pool; /* this thread's Pool heap, NULL until needed */
@@ -216,9 +215,10 @@ static inline bool tc_grow(uint32_t cls) {
     uint32_t cap = hak_tc.cap[cls], most = TC_GROW_BYTES / small_class_size[cls];
     if (most > TC_GROW_MAX) most = TC_GROW_MAX;
     if (cap >= most) return false;
-    uint32_t grown = 2 * cap < most ? 2 * cap : most;
-    if (hak_tc.grown + (grown - cap) > TC_GROW_BUDGET) return false;
-    hak_tc.grown = (uint16_t)(hak_tc.grown + (grown - cap));
+    uint32_t grown = 2 * cap < most ? 2 * cap : most, more = grown - cap;
+    for (uint32_t c = 0; c < TINY_NCLASSES; c++) /* (only Tiny lists grow) */
+        more += (uint32_t)(hak_tc.cap[c] - small_class_cap[c]);
+    if (more > TC_GROW_BUDGET) return false;
     hak_tc.cap[cls] = (uint16_t)grown;
     hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + (int32_t)(grown - cap));
     return true;
@@ -230,7 +230,6 @@ static inline void tc_shrink(uint32_t cls) {
     if (!hak_tc.open || less <= 0) return;
     hak_tc.cap[cls] = small_class_cap[cls];
     hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room - less);
-    hak_tc.grown = (uint16_t)(hak_tc.grown - less);
 }
 
 /* A thread's first slow path: arm its exit hook and open the caches. False
