@@ -253,11 +253,14 @@ static void test_bigcache_bound_holds_over_all_shards(void **state) {
     void *p[5];
     for (int i = 0; i < 5; i++)
         assert_non_null(p[i] = malloc(5 * MiB));
-    /* 15 MiB, in three shards, freed a few ms apart (their order across
-     * shards is their time of free, in ms). */
+    /* 15 MiB, in three shards, freed at three readings of the tier's clock
+     * (their order across shards is their time of free; the clock is a
+     * coarse one, a tick of 1 to 10 ms with the kernel). */
     for (int i = 0; i < 3; i++) {
-        struct timespec ms5 = {0, 5 * 1000 * 1000};
-        nanosleep(&ms5, NULL);
+        for (uint64_t t = hak_now_ms(); hak_now_ms() == t;) {
+            struct timespec ms1 = {0, 1000 * 1000};
+            nanosleep(&ms1, NULL);
+        }
         on_a_thread(free_arg, p[i]);
     }
     size_t three = lstats().cached_bytes; /* (each with its guard page) */
