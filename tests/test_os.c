@@ -13,13 +13,63 @@
 #include "maps.h"
 #include "timing.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
+
+#ifndef HAK_TEST_TSAN /* (ThreadSanitizer's start-up reads limits before its atomics work) */
+/* The program's getrlimit, counted: what the allocator asks the kernel. */
+static _Atomic uint64_t getrlimit_calls;
+int getrlimit(__rlimit_resource_t res, struct rlimit *rl) {
+    if (res == RLIMIT_AS) atomic_fetch_add(&getrlimit_calls, 1);
+    return (int)syscall(SYS_prlimit64, 0, res, NULL, rl);
+}
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The limit is a system call (a lock of the whole process in the kernel)
+ * that a Large malloc asked for each time (malloc-large: 1967 of them):
+ * read at most once per 10 ms of the coarse clock (whose tick is at most
+ * 10 ms, so once per 20 ms of this one). */
+static void test_as_limit_read_once_per_tick(void **state) {
+    (void)state;
+    uint64_t start = now_ms(), before = atomic_load(&getrlimit_calls);
+    for (int i = 0; i < 100000; i++)
+        (void)os_as_limit();
+    uint64_t calls = atomic_load(&getrlimit_calls) - before, ms = now_ms() - start;
+    assert_true(calls <= 2 + ms / 10);
+}
+
+/* A refused call makes the next look read the limit again: a limit the
+ * program has just set is known before anything is retried. */
+static void test_as_limit_read_after_refusal(void **state) {
+    (void)state;
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+    size_t was = os_as_limit();
+    lim = old;
+    lim.rlim_cur = (rlim_t)1 << 40;
+    if (lim.rlim_max != RLIM_INFINITY && lim.rlim_cur > lim.rlim_max) lim.rlim_cur = lim.rlim_max;
+    if (lim.rlim_cur == old.rlim_cur) lim.rlim_cur -= (rlim_t)1 << 30;
+    assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+    assert_null(os_map_aligned((size_t)1 << 47, HAK_PAGE_SIZE)); /* (more than the address space) */
+    assert_int_equal(os_as_limit(), (size_t)lim.rlim_cur);
+    assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+    assert_null(os_map_aligned((size_t)1 << 47, HAK_PAGE_SIZE));
+    assert_int_equal(os_as_limit(), was);
+}
+#endif
 
 static void test_map_aligned_honours_alignment(void **state) {
     (void)state;
@@ -353,6 +403,10 @@ static void test_populate_unaligned_refusal_not_sticky(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_map_aligned_honours_alignment),
+#ifndef HAK_TEST_TSAN
+        cmocka_unit_test(test_as_limit_read_once_per_tick),
+        cmocka_unit_test(test_as_limit_read_after_refusal),
+#endif
         cmocka_unit_test(test_reserve_under_mlockall_onfault),
         cmocka_unit_test(test_fork_child_not_locked),
         cmocka_unit_test(test_counts_every_kind),

@@ -2,6 +2,7 @@
  * syscall when the kernel honours it, which it does unless the range is taken)
  * and fall back to over-mapping and trimming. */
 #include "box/os.h"
+#include "box/clock.h"
 
 #include "sizes.h"
 
@@ -110,9 +111,22 @@ uint32_t os_take_refusals(void) {
     return n;
 }
 
+/* The address-space limit as last read (os_as_limit), and when (hak_now_ms;
+ * 0: to be read again). A read is a system call that takes a lock of the
+ * whole process in the kernel (prlimit64: its leader's task lock), and a
+ * Large malloc asked for it (malloc-large: 1967 calls): read at most once
+ * per OS_LIMIT_MS, and again after any refused call, so that a limit the
+ * program set since is known before its caller retries. */
+#define OS_LIMIT_MS 10
+static _Atomic size_t os_limit;
+static _Atomic uint64_t os_limit_ms;
+
 /* ok, counting a refusal when not. */
 static inline bool os_granted(bool ok) {
-    if (hak_unlikely(!ok)) os_refused++;
+    if (hak_unlikely(!ok)) {
+        os_refused++;
+        atomic_store_explicit(&os_limit_ms, 0, memory_order_relaxed);
+    }
     return ok;
 }
 
@@ -318,9 +332,16 @@ static void os_reserved(void *p, size_t size, long lck0) {
 }
 
 size_t os_as_limit(void) {
+    uint64_t now = hak_now_ms(), at = atomic_load_explicit(&os_limit_ms, memory_order_acquire);
+    if (at != 0 && now - at < OS_LIMIT_MS)
+        return atomic_load_explicit(&os_limit, memory_order_relaxed);
     struct rlimit rl;
-    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
-    return rl.rlim_cur < SIZE_MAX ? (size_t)rl.rlim_cur : SIZE_MAX;
+    size_t limit = SIZE_MAX;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < SIZE_MAX)
+        limit = (size_t)rl.rlim_cur;
+    atomic_store_explicit(&os_limit, limit, memory_order_relaxed);
+    atomic_store_explicit(&os_limit_ms, now ? now : 1, memory_order_release);
+    return limit;
 }
 
 void *os_reserve(size_t *size, size_t min, size_t align) {

@@ -38,7 +38,8 @@ bool os_resize(void *p, size_t old_size, size_t new_size);
  * which it replaces), resizing it; no byte is copied. false when refused. */
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst);
 
-/* The address-space limit (RLIMIT_AS) in bytes; SIZE_MAX when there is none. */
+/* The address-space limit (RLIMIT_AS) in bytes; SIZE_MAX when there is none.
+ * As read at most 10 ms ago, or since the last refused call. */
 size_t os_as_limit(void);
 
 /* A hint address for a `span`-byte mapping aligned to `align`, from an area
