@@ -129,18 +129,6 @@ static inline uint32_t l25_stride(uint32_t cls, uint32_t shard) {
     return small_class_size[cls] + (cls >= SMALL_FIRST && shard != L25_ALIGNED ? 64 : 0);
 }
 
-/* Whether an empty bundle of `span` bytes may be recut for class cls (for
- * a heap: coloured). Its own span, the smallest that holds 4 blocks, or a
- * bigger one holding at most 64 (a coloured bundle's one word of bits): a
- * burst of blocks near 1 MiB (8 MiB bundles) followed by one of 512-896 KiB
- * blocks reuses those pages, where it mapped 4 MiB bundles beside them
- * (bench_burst: 10 bundles of 8 MiB idle and 31 new ones a round, peak
- * RSS 1.8x the live bytes). */
-static inline bool l25_fits(size_t span, uint32_t cls) {
-    size_t n = span / l25_stride(cls, 0);
-    return n >= 4 && n <= 64;
-}
-
 /* Describe in b (descriptor idx) a bundle of class cls for `shard` over
  * [base, base + span), every block free; its bitmaps in its first blocks
  * when it has more than 64. */
@@ -601,14 +589,7 @@ static void l25_put(void *p) {
  * span, recut (a thread that freed a burst, or exited, hands its pages to
  * one that allocates the next). One compare-and-swap a bundle, no lock;
  * aged by the tier's pass (l25_age), emptied by malloc_trim. */
-static struct lf_stack l25_spare[L25_NCLASSES + 3];
-/* The stack of spare b: its class's, or where its span is bigger than its
- * class's own (recut: l25_fits), the one of bundles of that span (4 or 8
- * MiB), any class: a request that needs that span finds them there. */
-static inline struct lf_stack *l25_spare_stack(const struct l25_bundle *b) {
-    if (b->span == l25_span(l25_stride(b->cls, 0))) return &l25_spare[b->cls - SMALL_FIRST];
-    return &l25_spare[L25_NCLASSES + (b->span >> (HAK_REGION_SHIFT + 1))];
-}
+static struct lf_stack l25_spare[L25_NCLASSES];
 static _Atomic uint32_t l25_nspare;
 #define L25_SPARE_LINK offsetof(struct l25_bundle, spare_next)
 
@@ -665,7 +646,7 @@ static bool l25_spare_put(struct l25_bundle *b) {
     }
     atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
     uint64_t due = l25_spare_due(b);
-    lf_push(l25_spare_stack(b), b, L25_SPARE_LINK);
+    lf_push(&l25_spare[b->cls - SMALL_FIRST], b, L25_SPARE_LINK);
     l25_spares_due_by(due);
     bell_ring(); /* (the background thread's next look may be later) */
     return true;
@@ -688,21 +669,14 @@ static struct l25_bundle *l25_spare_pop(struct lf_stack *s) {
 }
 
 /* A spare for class cls: one of cls (its blocks where the program's
- * touched pages are), else one of cls's span (another class's, or a wider
- * one recut), else a bigger one that fits cls (l25_fits); a look at each
- * stack's top, no lock. NULL when none. */
+ * touched pages are), else one of a class with the same span (a look at
+ * each stack's top: no lock); NULL when none. */
 static struct l25_bundle *l25_spare_get(uint32_t cls) {
     struct l25_bundle *b = l25_spare_pop(&l25_spare[cls - SMALL_FIRST]);
     if (b || atomic_load_explicit(&l25_nspare, memory_order_relaxed) == 0) return b;
     size_t span = l25_span(l25_stride(cls, 0));
     for (uint32_t c = SMALL_FIRST; c < SMALL_NCLASSES && b == NULL; c++)
         if (c != cls && l25_span(l25_stride(c, 0)) == span)
-            b = l25_spare_pop(&l25_spare[c - SMALL_FIRST]);
-    for (size_t w = span; w <= ((size_t)8 << 20) && b == NULL; w *= 2)
-        if (l25_fits(w, cls))
-            b = l25_spare_pop(&l25_spare[L25_NCLASSES + (w >> (HAK_REGION_SHIFT + 1))]);
-    for (uint32_t c = SMALL_FIRST; c < SMALL_NCLASSES && b == NULL; c++)
-        if (l25_span(l25_stride(c, 0)) > span && l25_fits(l25_span(l25_stride(c, 0)), cls))
             b = l25_spare_pop(&l25_spare[c - SMALL_FIRST]);
     return b;
 }
@@ -931,23 +905,19 @@ static void l25_recut(struct l25_bundle *b, uint32_t cls, struct l25_heap *h) {
     }
 }
 
-/* An empty bundle of h for class cls (one with the span cls needs, or a
- * bigger one that fits it, made one of cls if it was another class's: a
- * burst of other sizes after a burst of frees reuses the pages the frees
- * left), off the empty list; NULL when h has none. */
+/* An empty bundle of h for class cls (one with the span cls needs, made one
+ * of cls if it was another class's: a burst of other sizes after a burst of
+ * frees reuses the pages the frees left), off the empty list; NULL when h
+ * has none. */
 static struct l25_bundle *l25_heap_empty_take(struct l25_heap *h, uint32_t cls) {
     size_t span = l25_span(l25_stride(cls, 0));
     /* One of this class (its blocks where they were: the pages the program
-     * touched are the ones it touches again), else the first of the span,
-     * else the first bigger one that fits (committed ones come first). */
-    struct l25_bundle *b = h->empty, *same = NULL, *bigger = NULL;
-    for (; b && b->cls != cls; b = b->next) {
-        if (same == NULL && b->span == span)
-            same = b;
-        else if (bigger == NULL && b->span > span && l25_fits(b->span, cls))
-            bigger = b;
-    }
-    if (b == NULL && (b = same ? same : bigger) == NULL) return NULL;
+     * touched are the ones it touches again), else the first of the span
+     * (committed ones come first). */
+    struct l25_bundle *b = h->empty, *any = NULL;
+    for (; b && b->cls != cls; b = b->next)
+        if (any == NULL && b->span == span) any = b;
+    if (b == NULL && (b = any) == NULL) return NULL;
     l25_heap_empty_unlink(h, b);
     if (b->cls != cls) l25_recut(b, cls, h);
     return b;

@@ -112,58 +112,6 @@ static void test_cached_blocks_do_not_pin_bundles(void **state) {
     assert_int_equal(r.mapped, 0);
 }
 
-static void *big_then_smaller(void *arg) {
-    struct reuse_seen *r = arg;
-    void *p[7];
-    for (int i = 0; i < 7; i++) /* one bundle of 8 MiB: 1 MiB blocks */
-        p[i] = malloc(1 << 20);
-    r->a[0] = bundle_of(p[0])->base;
-    r->na = 1;
-    assert_int_equal(bundle_of(p[0])->span, 8 << 20);
-    for (int i = 0; i < 7; i++) {
-        assert_ptr_equal(bundle_of(p[i])->base, r->a[0]);
-        free(p[i]);
-    }
-    uint64_t mapped = stats().bundles_mapped;
-    r->all_reused = true;
-    for (int i = 0; i < 7; i++) { /* 600 KiB: a class of 4 MiB bundles */
-        p[i] = malloc(600 << 10);
-        r->all_reused &= seen_in(r, bundle_of(p[i])->base);
-    }
-    r->mapped = stats().bundles_mapped - mapped;
-    for (int i = 0; i < 7; i++)
-        free(p[i]);
-    return NULL; /* (its heap's empty bundles go to the spares) */
-}
-
-static void *take_1mib(void *arg) {
-    uint8_t **base = arg;
-    void *p = malloc(1 << 20);
-    *base = bundle_of(p)->base;
-    free(p);
-    return NULL;
-}
-
-/* An empty bundle of a bigger span than a class's own serves the class
- * (its blocks fit 4 to 64 times): 1 MiB blocks (8 MiB bundles) freed, then
- * 600 KiB ones (4 MiB bundles of their own) take the 8 MiB bundle; and a
- * spare of 8 MiB recut to the smaller class serves 1 MiB blocks again
- * (before, a burst of each size mapped bundles beside the other's:
- * bench_burst). */
-static void test_bigger_bundles_serve_smaller_classes(void **state) {
-    (void)state;
-    malloc_trim(0);
-    struct reuse_seen r = {0};
-    run_in_thread(big_then_smaller, &r); /* (exits: the bundle a spare) */
-    assert_true(r.all_reused);
-    assert_int_equal(r.mapped, 0);
-    uint64_t mapped = stats().bundles_mapped;
-    uint8_t *base = NULL;
-    run_in_thread(take_1mib, &base);
-    assert_ptr_equal(base, r.a[0]);
-    assert_int_equal(stats().bundles_mapped, mapped);
-}
-
 static void test_bundle_geometry(void **state) {
     (void)state;
     for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++) {
@@ -1308,7 +1256,6 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
         cmocka_unit_test(test_cached_blocks_do_not_pin_bundles),
-        cmocka_unit_test(test_bigger_bundles_serve_smaller_classes),
         cmocka_unit_test(test_trim_reaches_blocks_freed_to_idle_thread),
         cmocka_unit_test(test_blocks_coloured_aligned_ones_not),
         cmocka_unit_test(test_cache_capped_and_spills),
