@@ -1314,7 +1314,8 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
          * touched. */
         thp = true;
         size_t whole = hak_align_up(room, HAK_REGION_SIZE);
-        if (whole != room && whole - room <= room / 4 && os_as_limit() == SIZE_MAX) room = whole;
+        if (whole != room && whole - room <= room / 4 && os_as_limit_recent() == SIZE_MAX)
+            room = whole;
     }
 
     size_t clean = 0; /* fresh mappings are zero throughout */
@@ -1328,7 +1329,8 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
         /* A small-pages mapping asks for huge pages now (not under an
          * address-space limit: there this made CPython's second fill in
          * tests/oom get 21% less, a cause not yet understood). */
-        if (thp && !h->thp && os_as_limit() == SIZE_MAX) h->thp = os_hugepages(h, h->map_size);
+        if (thp && !h->thp && os_as_limit_recent() == SIZE_MAX)
+            h->thp = os_hugepages(h, h->map_size);
     } else {
         /* Room to grow costs 2 MiB of fresh address space: not under a limit
          * on it (looked up only here: it is a system call). */

@@ -112,20 +112,19 @@ uint32_t os_take_refusals(void) {
 }
 
 /* The address-space limit as last read (os_as_limit), and when (hak_now_ms;
- * 0: to be read again). A read is a system call that takes a lock of the
- * whole process in the kernel (prlimit64: its leader's task lock), and a
- * Large malloc asked for it (malloc-large: 1967 calls): read at most once
- * per OS_LIMIT_MS, and again after any refused call, so that a limit the
- * program set since is known before its caller retries. */
+ * 0: to be read again), for os_as_limit_recent; os_limit_gen counts the
+ * refused calls, so that a read made before one is not kept after it. */
 #define OS_LIMIT_MS 10
 static _Atomic size_t os_limit;
 static _Atomic uint64_t os_limit_ms;
+static _Atomic uint64_t os_limit_gen;
 
 /* ok, counting a refusal when not. */
 static inline bool os_granted(bool ok) {
     if (hak_unlikely(!ok)) {
         os_refused++;
-        atomic_store_explicit(&os_limit_ms, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&os_limit_gen, 1, memory_order_seq_cst);
+        atomic_store_explicit(&os_limit_ms, 0, memory_order_seq_cst);
     }
     return ok;
 }
@@ -332,16 +331,25 @@ static void os_reserved(void *p, size_t size, long lck0) {
 }
 
 size_t os_as_limit(void) {
-    uint64_t now = hak_now_ms(), at = atomic_load_explicit(&os_limit_ms, memory_order_acquire);
-    if (at != 0 && now - at < OS_LIMIT_MS)
-        return atomic_load_explicit(&os_limit, memory_order_relaxed);
+    uint64_t gen = atomic_load_explicit(&os_limit_gen, memory_order_seq_cst), now = hak_now_ms();
     struct rlimit rl;
     size_t limit = SIZE_MAX;
     if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < SIZE_MAX)
         limit = (size_t)rl.rlim_cur;
     atomic_store_explicit(&os_limit, limit, memory_order_relaxed);
-    atomic_store_explicit(&os_limit_ms, now ? now : 1, memory_order_release);
+    atomic_store_explicit(&os_limit_ms, now ? now : 1, memory_order_seq_cst);
+    /* A refusal since the read: the program may have set another limit
+     * before it, which this read may have missed. */
+    if (atomic_load_explicit(&os_limit_gen, memory_order_seq_cst) != gen)
+        atomic_store_explicit(&os_limit_ms, 0, memory_order_seq_cst);
     return limit;
+}
+
+size_t os_as_limit_recent(void) {
+    uint64_t at = atomic_load_explicit(&os_limit_ms, memory_order_acquire);
+    if (at != 0 && hak_now_ms() - at < OS_LIMIT_MS)
+        return atomic_load_explicit(&os_limit, memory_order_relaxed);
+    return os_as_limit();
 }
 
 void *os_reserve(size_t *size, size_t min, size_t align) {

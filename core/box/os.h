@@ -39,8 +39,15 @@ bool os_resize(void *p, size_t old_size, size_t new_size);
 bool os_move(void *p, size_t old_size, size_t new_size, void *dst);
 
 /* The address-space limit (RLIMIT_AS) in bytes; SIZE_MAX when there is none.
- * As read at most 10 ms ago, or since the last refused call. */
+ * Read now: a system call, which takes a lock of the whole process in the
+ * kernel (prlimit64: its leader's task lock). For decisions that outlive
+ * the call (reservations kept, chunk and bundle sizes). */
 size_t os_as_limit(void);
+/* The same as read at most 10 ms ago and since the last refused call: for a
+ * decision made on every allocation (a Large malloc asked for it each time:
+ * malloc-large, 1967 calls), where a stale one costs at most that
+ * allocation a refusal, after which it is read again. */
+size_t os_as_limit_recent(void);
 
 /* A hint address for a `span`-byte mapping aligned to `align`, from an area
  * well away from the kernel's own placements, never handed out twice; 0
