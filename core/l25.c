@@ -342,11 +342,22 @@ static void l25_insert_parked(struct l25_bundle **head, struct l25_bundle *b) {
     }
 }
 
-/* Put b, decommitted, on the empty list behind the committed ones. */
-static void l25_park(struct l25_shard *s, struct l25_bundle *b) {
+/* Put b back on the empty list: decommitted, behind the committed ones;
+ * else (the decommit refused: mlockall) among the committed ones again,
+ * its pages and their bytes kept, looked at again an age later. */
+static void l25_park(struct l25_shard *s, struct l25_bundle *b, bool decommitted) {
     hak_lock(&s->lock);
-    b->committed = false;
-    l25_insert_parked(&s->empty, b);
+    if (decommitted) {
+        b->committed = false;
+        l25_insert_parked(&s->empty, b);
+    } else {
+        b->empty_ms = hak_now_ms();
+        l25_list_push(&s->empty, b);
+        atomic_fetch_add_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
+        atomic_store_explicit(&s->ncommitted,
+                              atomic_load_explicit(&s->ncommitted, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+    }
     s->nempty++;
     hak_unlock(&s->lock);
 }
@@ -368,8 +379,7 @@ static void l25_release(struct l25_shard *s, struct l25_todo *t) {
         if (t->unmap[k])
             l25_bundle_unmap(b);
         else {
-            l25_bundle_decommit(b);
-            l25_park(s, b);
+            l25_park(s, b, l25_bundle_decommit(b));
         }
     }
 }
@@ -640,8 +650,10 @@ static bool l25_spare_put(struct l25_bundle *b) {
         size_t hot = atomic_fetch_add_explicit(&l25_spare_hot, b->span, memory_order_relaxed);
         if (hot + b->span > l25_spare_hot_max()) {
             atomic_fetch_sub_explicit(&l25_spare_hot, b->span, memory_order_relaxed);
-            l25_bundle_decommit(b);
-            b->committed = false; /* (refused, mlockall: its pages are locked anyway) */
+            if (l25_bundle_decommit(b))
+                b->committed = false;
+            else /* (refused, mlockall: its pages and their bytes stay, counted) */
+                atomic_fetch_add_explicit(&l25_spare_hot, b->span, memory_order_relaxed);
         }
     }
     atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
@@ -700,9 +712,13 @@ static bool l25_spares_age(uint64_t now, bool all) {
                 gone++;
             } else {
                 if (b->committed && idle >= age) {
-                    l25_spare_gone(b);
-                    released |= l25_bundle_decommit(b);
-                    b->committed = false;
+                    if (l25_bundle_decommit(b)) {
+                        l25_spare_gone(b);
+                        b->committed = false;
+                        released = true;
+                    } else {
+                        b->empty_ms = now; /* (refused: an age later again) */
+                    }
                 }
                 if (l25_spare_due(b) < due) due = l25_spare_due(b);
                 atomic_store_explicit(&b->spare_next, first, memory_order_relaxed);
@@ -829,8 +845,12 @@ static bool l25_heap_tidy(struct l25_heap *h, uint64_t now, bool all) {
         /* (empty_ms may be later than a now read before the walk) */
         if (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
         l25_heap_empty_unlink(h, b);
-        released |= l25_bundle_decommit(b);
-        b->committed = false;
+        if (l25_bundle_decommit(b)) {
+            b->committed = false;
+            released = true;
+        } else {
+            b->empty_ms = now; /* (refused: its pages and their bytes stay) */
+        }
         l25_heap_empty_add(h, b);
     }
     return released;

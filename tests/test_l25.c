@@ -113,6 +113,61 @@ static void test_cached_blocks_do_not_pin_bundles(void **state) {
     assert_int_equal(r.mapped, 0);
 }
 
+#if !defined(HAK_TEST_TSAN) && !defined(__SANITIZE_ADDRESS__)
+/* The child of test_locked_bundle_recut_keeps_state: the old blocks' bytes
+ * (L25_LIVE throughout) must not become the state bytes of a recut
+ * bundle's blocks. */
+static void locked_recut_child(void *arg) {
+    (void)arg;
+    if (!maps_mlockall(MCL_CURRENT | MCL_FUTURE)) _exit(77); /* not allowed here */
+    hak_cfg.bigcache_age_ms = 1;
+    enum { A = 256 << 10, B = 192 << 10, N = 64 }; /* 7 and 10 a 2 MiB bundle */
+    static void *p[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = malloc(A);
+        CHILD_CHECK(p[i] != NULL);
+        memset(p[i], L25_LIVE, A);
+    }
+    for (int i = 0; i < N; i++)
+        free(p[i]);
+    l25_thread_flush();
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    l25_thread_age(); /* their decommit refused: the pages are locked */
+    uint8_t *q = malloc(B);
+    CHILD_CHECK(q != NULL);
+    struct l25_bundle *b = bundle_of(q);
+    /* A block of the recut bundle not handed out (past the refill's), whose
+     * state byte lies where an old block's bytes were. */
+    uint32_t a_stride = (A + 64), refill = 8;
+    for (uint32_t i = b->first + refill; i < b->nblocks; i++) {
+        size_t mark = (size_t)(l25_mark(b, i) - b->base);
+        if (mark / a_stride >= 7 || mark % a_stride >= (size_t)A) continue;
+        do_free(b->base + (size_t)i * b->stride); /* never handed out: must abort */
+        _exit(0);
+    }
+    _exit(78);
+}
+
+/* Under mlockall a bundle's decommit is refused and its pages keep their
+ * bytes. It was taken as decommitted all the same, so a recut for another
+ * class left the old blocks' bytes as its blocks' state bytes: a free of a
+ * block never handed out passed as a live one's (and put it into the cache
+ * while its bundle held it free too). */
+static void test_locked_bundle_recut_keeps_state(void **state) {
+    (void)state;
+    struct death d;
+    run_child(locked_recut_child, NULL, &d);
+    assert_not_hung(&d);
+    if (WIFEXITED(d.status) && WEXITSTATUS(d.status) == 77) skip();
+    if (WIFEXITED(d.status))
+        fail_msg("free of a block never handed out passed (exit %d): %s", WEXITSTATUS(d.status),
+                 d.err);
+    assert_aborted(&d);
+    assert_non_null(strstr(d.err, "hakmem: free(): double free"));
+}
+#endif
+
 static void test_bundle_geometry(void **state) {
     (void)state;
     for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++) {
@@ -1289,6 +1344,9 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bundle_geometry),
         cmocka_unit_test(test_cached_blocks_do_not_pin_bundles),
+#if !defined(HAK_TEST_TSAN) && !defined(__SANITIZE_ADDRESS__)
+        cmocka_unit_test(test_locked_bundle_recut_keeps_state),
+#endif
         cmocka_unit_test(test_trim_reaches_blocks_freed_to_idle_thread),
         cmocka_unit_test(test_blocks_coloured_aligned_ones_not),
         cmocka_unit_test(test_cache_capped_and_spills),
