@@ -3,6 +3,8 @@
 #
 # usage: bench/instr.sh          (from the repo root; `make bench-instr` calls it)
 # env:   ALLOCATORS="hakmem mimalloc glibc jemalloc"   subset/order to measure
+#        BENCH_EXTRA="NAME=PATH ..."  more allocators, LD_PRELOADed from PATH
+#                                (as bench/run.sh's: e.g. mi3=<libmimalloc-3.4.3.so>)
 #        HAKMEM_SO=path          hakmem library (default out/release/libhakmem.so)
 #        INSTR_SIZE=64           block size passed to bench_fixed_size
 #        INSTR_TIMEOUT=600       seconds before a single valgrind run is killed
@@ -97,9 +99,34 @@ fail() { # ALLOCATOR REASON
     echo "bench/instr.sh: $1: FAILED: $2" >&2
 }
 
-for a in ${ALLOCATORS//,/ }; do
+# The named allocators, then BENCH_EXTRA's (EXTRA_SO: their libraries).
+declare -A EXTRA_SO=()
+names=()
+for a in ${ALLOCATORS//,/ }; do names+=("$a"); done
+for e in ${BENCH_EXTRA:-}; do
+    a=${e%%=*} p=${e#*=}
+    if [[ $e != *=* || -z $a || -z $p || ! $a =~ ^[A-Za-z0-9_.-]+$ ]]; then
+        echo "bench/instr.sh: BENCH_EXTRA entries are NAME=PATH (got '$e')" >&2
+        exit 2
+    fi
+    for n in "${names[@]}"; do
+        if [ "$n" = "$a" ]; then
+            echo "bench/instr.sh: BENCH_EXTRA: allocator '$a' given twice" >&2
+            exit 2
+        fi
+    done
+    EXTRA_SO[$a]=$p
+    names+=("$a")
+done
+
+for a in "${names[@]}"; do
     rc=0
-    so=$(allocator_so "$a") || rc=$?
+    if [ -n "${EXTRA_SO[$a]+x}" ]; then
+        so=""
+        if [ -r "${EXTRA_SO[$a]}" ]; then so=$(realpath "${EXTRA_SO[$a]}"); else rc=1; fi
+    else
+        so=$(allocator_so "$a") || rc=$?
+    fi
     if [ $rc -eq 2 ]; then
         echo "bench/instr.sh: unknown allocator '$a' (known: glibc hakmem mimalloc jemalloc)" >&2
         exit 2
