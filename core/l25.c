@@ -311,11 +311,9 @@ static void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t
     }
 }
 
-/* b has no block out any more: off the partial list, onto the empty one.
- * Shard lock held. */
-static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l25_todo *t) {
-    if (b->listed) l25_list_remove(&s->partial, b);
-    b->listed = false;
+/* b, empty and committed (its pages kept), first on the shard's empty list,
+ * emptied now. Shard lock held. */
+static void l25_empty_push(struct l25_shard *s, struct l25_bundle *b) {
     b->committed = true;
     b->empty_ms = hak_now_ms();
     l25_list_push(&s->empty, b);
@@ -324,6 +322,14 @@ static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l
     atomic_store_explicit(&s->ncommitted,
                           atomic_load_explicit(&s->ncommitted, memory_order_relaxed) + 1,
                           memory_order_relaxed);
+}
+
+/* b has no block out any more: off the partial list, onto the empty one.
+ * Shard lock held. */
+static void l25_became_empty(struct l25_shard *s, struct l25_bundle *b, struct l25_todo *t) {
+    if (b->listed) l25_list_remove(&s->partial, b);
+    b->listed = false;
+    l25_empty_push(s, b);
     l25_tidy_empty(s, b->empty_ms, t);
 }
 
@@ -350,15 +356,10 @@ static void l25_park(struct l25_shard *s, struct l25_bundle *b, bool decommitted
     if (decommitted) {
         b->committed = false;
         l25_insert_parked(&s->empty, b);
+        s->nempty++;
     } else {
-        b->empty_ms = hak_now_ms();
-        l25_list_push(&s->empty, b);
-        atomic_fetch_add_explicit(l25_spares_of(b->span), 1, memory_order_relaxed);
-        atomic_store_explicit(&s->ncommitted,
-                              atomic_load_explicit(&s->ncommitted, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
+        l25_empty_push(s, b);
     }
-    s->nempty++;
     hak_unlock(&s->lock);
 }
 
@@ -524,9 +525,6 @@ void *l25_alloc_uncached(uint32_t cls) {
 
 /* ---- giving blocks back ------------------------------------------------------- */
 
-/* p (a block of b, neither live nor cached) back into b; true when it is
- * time for a look at the clock (a purge pass due?). Lock of b's shard s
- * held; work for after it in *todo. */
 /* Blocks `bits` of word w of b free again: the bundle to the empty list
  * when they were its last blocks out (its work in todo, after the lock),
  * else back on the partial list if a refill had taken it off. Lock held. */
@@ -543,6 +541,9 @@ static void l25_return_locked(struct l25_shard *s, struct l25_bundle *b, uint32_
     }
 }
 
+/* p (a block of b, neither live nor cached) back into b; true when it is
+ * time for a look at the clock (a purge pass due?). Lock of b's shard s
+ * held; work for after it in *todo. */
 static bool l25_put_locked(struct l25_shard *s, struct l25_bundle *b, void *p,
                            struct l25_todo *todo) {
     l25_work(s);

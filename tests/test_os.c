@@ -41,14 +41,15 @@ static uint64_t now_ms(void) {
 /* The limit is a system call (a lock of the whole process in the kernel)
  * that a Large malloc asked for each time (malloc-large: 1967 of them): its
  * per-allocation look reads it at most once per 10 ms of the coarse clock
- * (whose tick is at most 10 ms, so once per 20 ms of this one). */
+ * (whose tick is at most 10 ms). */
 static void test_as_limit_read_once_per_tick(void **state) {
     (void)state;
     uint64_t start = now_ms(), before = atomic_load(&getrlimit_calls);
     for (int i = 0; i < 100000; i++)
         (void)os_as_limit_recent();
     uint64_t calls = atomic_load(&getrlimit_calls) - before, ms = now_ms() - start;
-    assert_true(calls <= 2 + ms / 10);
+    assert_true(calls <=
+                3 + ms / 10); /* (a first read, and the coarse clock's start up to a tick behind) */
 }
 
 /* A limit the program sets: os_as_limit knows it at once (its callers keep

@@ -158,7 +158,7 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
     s->capacity = (uint16_t)(SS_SLOT_SIZE / size);
     ss_set_carved(s, 0);
     s->used = 0;
-    /* (Read by a retire that races this re-cut: see ss_try_retire.) */
+    /* (Read by a retire that races this re-cut: see ss_retire_idle.) */
     __atomic_store_n(&s->cls, (uint8_t)cls, __ATOMIC_RELAXED);
 }
 
@@ -378,7 +378,7 @@ static void ss_queue_retry(struct superslab *ss) {
  * in hand, nothing else can reach it (its UNUSED slots are under ss_lock);
  * when one is missing, someone popped it (and will count it active, and
  * release it again) or holds it for a purge (which tries again after). */
-static void ss_try_retire(struct superslab *ss) {
+void ss_retire_idle(struct superslab *ss) {
     hak_lock(&ss_lock);
     /* A retry, or a release that raced another retire of ss, may come after
      * its place was given back, even unmapped (ss_range_shrink). */
@@ -438,7 +438,7 @@ static void ss_retry_retires(void) {
     ss_nretry = 0;
     hak_unlock(&ss_lock);
     for (uint32_t i = 0; i < n; i++)
-        ss_try_retire(todo[i]);
+        ss_retire_idle(todo[i]);
 }
 
 bool ss_release(struct ss_slab *s, bool retire) {
@@ -452,7 +452,7 @@ bool ss_release(struct ss_slab *s, bool retire) {
     /* Pushed before it stops counting: until then ss cannot be retired. */
     if (atomic_fetch_sub_explicit(&ss->nactive, 1, memory_order_acq_rel) == 1) {
         if (retire)
-            ss_try_retire(ss);
+            ss_retire_idle(ss);
         else
             idle = true;
     }
@@ -462,16 +462,6 @@ bool ss_release(struct ss_slab *s, bool retire) {
     if (!atomic_load_explicit(&ss_dirty, memory_order_relaxed)) ss_set_dirty();
     ss_purge(false); /* slots released are the ones a later pass finds empty */
     return idle;
-}
-
-void ss_retire_idle(struct superslab *ss) {
-    ss_try_retire(ss);
-}
-
-static void ss_sweep_idle(void);
-
-void ss_retire_all_idle(void) {
-    ss_sweep_idle();
 }
 
 /* Under an address-space limit, which counts reserved space too: places at
@@ -500,9 +490,10 @@ static bool ss_range_shrink(void) {
     return false;
 }
 
-/* SuperSlabs with no ACTIVE slot whose retire was missed (the retry queue
- * was full) are retired: up to SS_RETRY_MAX a round, found on the stacks. */
-static void ss_sweep_idle(void) {
+/* Every SuperSlab with no ACTIVE slot retired (a trim; a thread's exit that
+ * left more idle than it noted; ones whose retire was missed, the retry
+ * queue full): up to SS_RETRY_MAX a round, found on the stacks. */
+void ss_retire_all_idle(void) {
     for (int round = 0; round < 64; round++) {
         hak_lock(&ss_lock);
         for (uint32_t c = 0; c < TINY_NCLASSES && ss_nretry < SS_RETRY_MAX; c++) {
@@ -520,7 +511,7 @@ static void ss_sweep_idle(void) {
 }
 
 bool ss_trim(void) {
-    ss_sweep_idle();
+    ss_retire_all_idle();
     hak_lock(&ss_lock);
     struct superslab *cached = ss_cache;
     bool any = cached != NULL;
@@ -606,7 +597,7 @@ static bool ss_purge_pass(bool all) {
     if (left || n >= max) ss_set_dirty();
     ss_retry_retires();
     for (uint32_t i = 0; i < nidle; i++)
-        ss_try_retire(idle[i]);
+        ss_retire_idle(idle[i]);
     if (nidle == SS_IDLE_MAX) ss_set_dirty(); /* (more for the next pass) */
     return n > 0 || nidle > 0;
 }
