@@ -30,6 +30,25 @@
  * variable through the GOT (one more instruction per access). */
 #define HAK_HIDDEN __attribute__((visibility("hidden")))
 
+/* A relaxed read, on a hot path, of a word another thread may write at
+ * once: a plain read, which the compiler folds into the instruction using
+ * it (it keeps an atomic or volatile load a separate instruction: one more
+ * per use), and which x86-64 makes atomic for an aligned word anyway; under
+ * ThreadSanitizer an atomic load, so that the race is seen as intended.
+ * Written with __atomic_store_n; the object itself is a plain type. */
+#if defined(__SANITIZE_THREAD__)
+#define HAK_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define HAK_TSAN 1
+#endif
+#endif
+#ifdef HAK_TSAN
+#define hak_peek(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#else
+#define hak_peek(x) (x)
+#endif
+
 #define hak_likely(x)   __builtin_expect(!!(x), 1)
 #define hak_unlikely(x) __builtin_expect(!!(x), 0)
 

@@ -369,7 +369,8 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
     tiny_stat(cls, ST_FLUSHES, 1);
 }
 
-void tiny_free_slow(void *p, uint32_t cls) {
+void tiny_free_slow(void *p, struct ss_slab *s) {
+    uint32_t cls = s->cls;
     /* Only the owner gets here, and owning a slab means the caches are open:
      * the list is full. When blocks of the class came back from the slabs
      * since it was last full, the list is too small for the thread's

@@ -21,7 +21,7 @@
 /* Refill the (open) thread cache of cls and hand out a block; NULL (errno
  * ENOMEM) when the tier has no memory. */
 void *tiny_alloc_slow(uint32_t cls);
-void tiny_free_slow(void *p, uint32_t cls);
+void tiny_free_slow(void *p, struct ss_slab *s);
 void tiny_free_remote(void *p, struct ss_slab *s, const char *fn);
 
 /* Double frees. A free block's second word holds the address of its slab's
@@ -71,7 +71,7 @@ HAK_INLINE void tiny_free(void *p, const char *fn) {
     if (hak_unlikely(tiny_mark_free(p, s)))
         return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
     uint32_t cls = s->cls;
-    if (hak_unlikely(!tc_push(cls, p))) tiny_free_slow(p, cls);
+    if (hak_unlikely(!tc_push(cls, p))) tiny_free_slow(p, s);
 }
 
 /* True when p (a pointer into a SuperSlab) is a block held by the program. */

@@ -168,8 +168,8 @@ static void ss_slab_reset(struct ss_slab *s, uint32_t cls, uint32_t size) {
  * failed) gave something back, so a full range costs no syscall per slab.
  * Lock held. */
 static uintptr_t ss_range_take(void) {
-    uintptr_t base = atomic_load_explicit(&ss_bounds.base, memory_order_relaxed);
-    size_t span = atomic_load_explicit(&ss_bounds.span, memory_order_relaxed);
+    uintptr_t base = __atomic_load_n(&ss_bounds.base, __ATOMIC_RELAXED);
+    size_t span = __atomic_load_n(&ss_bounds.span, __ATOMIC_RELAXED);
     if (ss_range_nfree) {
         for (size_t w = 0;; w++) {
             if (ss_range_free[w] == 0) continue;
@@ -186,8 +186,8 @@ static uintptr_t ss_range_take(void) {
         }
         /* Base first: a reader seeing the new span with the old base (2^63)
          * still finds no user address inside. */
-        atomic_store_explicit(&ss_bounds.base, base, memory_order_relaxed);
-        atomic_store_explicit(&ss_bounds.span, span, memory_order_relaxed);
+        __atomic_store_n(&ss_bounds.base, base, __ATOMIC_RELAXED);
+        __atomic_store_n(&ss_bounds.span, span, __ATOMIC_RELAXED);
     }
     ss_range_used += SS_SIZE;
     return base + ss_range_used - SS_SIZE;
@@ -196,7 +196,7 @@ static uintptr_t ss_range_take(void) {
 /* The place of a SuperSlab given back to the OS (or never mapped) is free
  * again. Lock held. */
 static void ss_range_put(uintptr_t a) {
-    size_t i = (a - atomic_load_explicit(&ss_bounds.base, memory_order_relaxed)) / SS_SIZE;
+    size_t i = (a - __atomic_load_n(&ss_bounds.base, __ATOMIC_RELAXED)) / SS_SIZE;
     ss_range_free[i / 64] |= 1ull << (i % 64);
     ss_range_nfree++;
 }
@@ -204,7 +204,7 @@ static void ss_range_put(uintptr_t a) {
 /* The place of ss is taken (its SuperSlab in use, cached, or being given
  * back): its header is mapped, whatever the range did since. Lock held. */
 static bool ss_place_taken(const struct superslab *ss) {
-    size_t off = (uintptr_t)ss - atomic_load_explicit(&ss_bounds.base, memory_order_relaxed);
+    size_t off = (uintptr_t)ss - __atomic_load_n(&ss_bounds.base, __ATOMIC_RELAXED);
     if (off >= ss_range_used) return false;
     size_t i = off / SS_SIZE;
     return !((ss_range_free[i / 64] | ss_range_dying[i / 64]) >> (i % 64) & 1);
@@ -213,8 +213,7 @@ static bool ss_place_taken(const struct superslab *ss) {
 /* Give a SuperSlab no list holds back to the OS; its place stays in the
  * range, read-only and zero. Lock not held. */
 static void ss_unmap(struct superslab *ss) {
-    size_t i =
-        ((uintptr_t)ss - atomic_load_explicit(&ss_bounds.base, memory_order_relaxed)) / SS_SIZE;
+    size_t i = ((uintptr_t)ss - __atomic_load_n(&ss_bounds.base, __ATOMIC_RELAXED)) / SS_SIZE;
     hak_lock(&ss_lock);
     ss_range_dying[i / 64] |= 1ull << (i % 64);
     hak_unlock(&ss_lock);
@@ -480,13 +479,13 @@ static bool ss_range_shrink(void) {
         used -= SS_SIZE;
     }
     ss_range_used = used; /* the places above are past the used extent again */
-    size_t span = atomic_load_explicit(&ss_bounds.span, memory_order_relaxed);
+    size_t span = __atomic_load_n(&ss_bounds.span, __ATOMIC_RELAXED);
     if (used == span) return false;
     /* The range ends first, then its tail goes: a free of a stale pointer
      * there finds it outside instead of reading an unmapped descriptor. */
-    atomic_store_explicit(&ss_bounds.span, used, memory_order_relaxed);
+    __atomic_store_n(&ss_bounds.span, used, __ATOMIC_RELAXED);
     if (arena_ss_shrink(used)) return true;
-    atomic_store_explicit(&ss_bounds.span, span, memory_order_relaxed); /* refused: it stays */
+    __atomic_store_n(&ss_bounds.span, span, __ATOMIC_RELAXED); /* refused: it stays */
     return false;
 }
 

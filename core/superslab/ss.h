@@ -44,11 +44,11 @@ struct ss_slab {
     /* Written by the owner as it carves, read by any thread freeing a block
      * of the slab: atomic, relaxed (a freer learnt of its block after the
      * carve that raised the limit past it). */
-    _Atomic uint32_t valid_lim;
-    uint16_t size;     /* block size */
-    uint16_t capacity; /* blocks in the slot */
-    uint16_t carved;   /* blocks ever carved, from the slot start */
-    uint16_t used;     /* blocks out: in caches or with the program */
+    uint32_t valid_lim; /* (__atomic_store_n, hak_peek) */
+    uint16_t size;      /* block size */
+    uint16_t capacity;  /* blocks in the slot */
+    uint16_t carved;    /* blocks ever carved, from the slot start */
+    uint16_t used;      /* blocks out: in caches or with the program */
     uint8_t cls;
     uint8_t state; /* enum ss_state; changed by the thread that takes or gives it back */
     uint8_t where; /* which of its heap's lists it is on (tiny.c) */
@@ -68,7 +68,7 @@ _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0
  * nothing else writes (a counter written on every carve beside them cost
  * every free on every core a miss after each carve anywhere). */
 struct ss_bounds {
-    _Atomic uintptr_t base, span;
+    uintptr_t base, span; /* written with __atomic_store_n, read with hak_peek */
 } __attribute__((aligned(64)));
 extern HAK_HIDDEN struct ss_bounds ss_bounds;
 
@@ -78,8 +78,7 @@ extern HAK_HIDDEN struct ss_bounds ss_bounds;
  * learnt of it after they were written, and a reader racing that one write
  * may see a mixed pair, which puts no user address (below 2^47) inside. */
 HAK_INLINE bool ss_contains(const void *p) {
-    uintptr_t base = atomic_load_explicit(&ss_bounds.base, memory_order_relaxed);
-    return (uintptr_t)p - base < atomic_load_explicit(&ss_bounds.span, memory_order_relaxed);
+    return (uintptr_t)p - hak_peek(ss_bounds.base) < hak_peek(ss_bounds.span);
 }
 
 HAK_INLINE struct superslab *ss_of(const void *p) {
@@ -143,14 +142,14 @@ static inline uint8_t *ss_slab_base(const struct ss_slab *s) {
  * below 2^16 + d < m), since the offset is below 2^16 and d at most 8 KiB. */
 HAK_INLINE bool ss_is_block(const struct ss_slab *s, const void *p) {
     uint32_t off = (uint32_t)((uintptr_t)p & (SS_SLOT_SIZE - 1));
-    return off * s->div_mul < atomic_load_explicit(&s->valid_lim, memory_order_relaxed);
+    return off * s->div_mul < hak_peek(s->valid_lim);
 }
 
 /* Record that the first n blocks of s have been carved. */
 static inline void ss_set_carved(struct ss_slab *s, uint32_t n) {
     s->carved = (uint16_t)n;
     /* n * div_step, mod 2^32 */
-    atomic_store_explicit(&s->valid_lim, n * (s->size * s->div_mul), memory_order_relaxed);
+    __atomic_store_n(&s->valid_lim, n * (s->size * s->div_mul), __ATOMIC_RELAXED);
 }
 
 /* An ACTIVE slab for class cls (block size `size`), or NULL when out of
