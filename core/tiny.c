@@ -36,8 +36,9 @@ struct tiny_heap {
     struct ss_slab *avail[TINY_NCLASSES];            /* owned slabs with free blocks */
     struct ss_slab *full[TINY_NCLASSES];             /* owned slabs with none at last look */
     bool warm[TINY_NCLASSES];                        /* first refill done (pre-warm) */
-    bool refilled[TINY_NCLASSES]; /* a refill since the class's last flush (tiny_free_slow) */
-    bool grew[TINY_NCLASSES];     /* the list grew since the last look (tiny_age) */
+    bool refilled[TINY_NCLASSES];  /* a refill since the class's last flush (tiny_free_slow) */
+    bool grew[TINY_NCLASSES];      /* the list grew since the last look (tiny_age) */
+    bool passed_on[TINY_NCLASSES]; /* the last flush gave other threads' blocks back */
     /* SuperSlabs this heap's releases left idle (ss_release), the latest
      * TINY_IDLE_MAX: retired at the thread's exit, which gives back what
      * it used at once (the others wait for a purge pass). */
@@ -331,12 +332,36 @@ void *tiny_alloc_slow(uint32_t cls) {
     return tiny_handed_out(tc_pop_filled(cls));
 }
 
-/* Return n blocks of cls from the thread cache to their slabs. The cache
- * holds blocks mostly in runs of one slab (a batch is allocated from one
- * slab, and freed in order or in reverse): each run, already linked, goes
- * onto its slab's free list in one splice, its slab's counts and lists
- * updated once (per block, one load and one compare of the slot it lies
- * in). */
+/* A run first..last of k blocks of s, a slab this thread does not own,
+ * onto its remote list: one CAS. */
+static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_t k) {
+    /* Read all we need of the descriptor first: once the run is on the
+     * remote list the owner may drain it, give the slab back and the
+     * SuperSlab may be unmapped. After the CAS only the heap (never
+     * unmapped) is touched. */
+    uint32_t cls = s->cls;
+    struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
+    do {
+        *(void **)last = old;
+    } while (!atomic_compare_exchange_weak_explicit(&s->remote, &old, first, memory_order_release,
+                                                    memory_order_relaxed));
+    /* First blocks back since the owner last looked: tell it, in case the
+     * slab sits on its full list. (An owner that changed since the read
+     * above is told nothing; the blocks wait for the slab's next drain.) */
+    if (old == NULL && h != SS_NO_OWNER &&
+        !(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & (1u << cls)))
+        atomic_fetch_or_explicit(&h->remote_pending, 1u << cls, memory_order_relaxed);
+    tiny_stat(cls, ST_REMOTE, k);
+}
+
+/* Return n blocks of cls from the thread cache to their slabs (h: this
+ * thread's heap, NULL when it has none). The cache holds blocks mostly in
+ * runs of one slab (a batch is allocated from one slab, and freed in order
+ * or in reverse): each run, already linked, goes onto its slab in one
+ * splice, its slab's counts and lists updated once (per block, one load and
+ * one compare of the slot it lies in). A run of a slab another thread owns,
+ * or none, goes onto its remote list, to be counted when drained. */
 static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
     /* Off the list first: what the slabs' work below may reach (a purge
      * pass, its calls) can be a signal handler's free or malloc of this
@@ -344,8 +369,8 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
      * blocks just read.) */
     void *last;
     void *b = tc_take(cls, n, &last);
+    uint32_t own = 0;
     tiny_flow.flushed[cls] += n;
-    usage_add(-(int64_t)n * small_class_size[cls]);
     for (uint32_t i = 0; i < n;) {
         void *first = b;
         uintptr_t slot = (uintptr_t)b >> SS_SLOT_SHIFT;
@@ -357,6 +382,12 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
         } while (i + k < n && (uintptr_t)b >> SS_SLOT_SHIFT == slot);
         i += k;
         struct ss_slab *s = ss_slab_of(first);
+        /* (Only this thread makes a slab its own: the answer holds.) */
+        if (h == NULL || atomic_load_explicit(&s->owner, memory_order_relaxed) != h) {
+            tiny_remote_push(s, first, last, k);
+            continue;
+        }
+        own += k;
         *(void **)last = s->free;
         s->free = first;
         s->used = (uint16_t)(s->used - k);
@@ -366,51 +397,46 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
         }
         tiny_maybe_release(h, s);
     }
+    usage_add(-(int64_t)own * small_class_size[cls]);
+    if (h != NULL) h->passed_on[cls] = own < n;
     tiny_stat(cls, ST_FLUSHES, 1);
+}
+
+/* A thread that may not cache (its exit has begun, checked mode) frees p,
+ * a block of s marked free, straight to its slab. It owns no slab (no heap:
+ * those come with open caches). */
+static void tiny_free_uncached(void *p, struct ss_slab *s) {
+    if (s->state != SS_ACTIVE)
+        diag_bad_pointer("free", DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
+    tiny_flow.remote[s->cls]++; /* (counted apart: it never was in the cache) */
+    tiny_remote_push(s, p, p, 1);
 }
 
 void tiny_free_slow(void *p, struct ss_slab *s) {
     uint32_t cls = s->cls;
-    /* Only the owner gets here, and owning a slab means the caches are open:
-     * the list is full. When blocks of the class came back from the slabs
+    tc_refund(cls);
+    if (hak_unlikely(!hak_tc.open)) {
+        /* A thread's first free before any slow path of its own (one that
+         * only frees what others allocate) arms its exit hook here, which
+         * will give back what its cache then holds. */
+        if (!tc_thread_start()) return tiny_free_uncached(p, s);
+        tc_push(cls, p);
+        return;
+    }
+    /* The list is full. When blocks of the class came back from the slabs
      * since it was last full, the list is too small for the thread's
      * batches: it grows (tc_grow). Otherwise (or at its bound) half goes
      * back. Then it keeps p. */
     struct tiny_heap *h = hak_tc.heap;
-    tc_refund(cls);
-    bool grew = h->refilled[cls] && tc_grow(cls);
-    /* (In use for batches, grown now or at its bound: tiny_age keeps it.) */
-    h->grew[cls] |= h->refilled[cls];
-    h->refilled[cls] = false;
+    bool grew = false;
+    if (h != NULL) {
+        grew = h->refilled[cls] && !h->passed_on[cls] && tc_grow(cls);
+        /* (In use for batches, grown now or at its bound: tiny_age keeps it.) */
+        h->grew[cls] |= h->refilled[cls];
+        h->refilled[cls] = false;
+    }
     if (!grew) tiny_give_back(h, cls, tc_batch(cls));
     tc_push(cls, p);
-}
-
-void tiny_free_remote(void *p, struct ss_slab *s, const char *fn) {
-    /* A block of an EMPTY slot still marked free (its pages are readable
-     * whatever became of them) was freed before: say so, not just that the
-     * slot is not in use. */
-    if (hak_unlikely(tiny_mark_free(p, s)))
-        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
-    if (s->state != SS_ACTIVE) diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
-    /* Read all we need of the descriptor first: once p is on the remote list
-     * the owner may drain it, give the slab back and the SuperSlab may be
-     * unmapped. After the CAS only the heap (never unmapped) is touched. */
-    uint32_t cls = s->cls;
-    struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
-    do {
-        *(void **)p = old;
-    } while (!atomic_compare_exchange_weak_explicit(&s->remote, &old, p, memory_order_release,
-                                                    memory_order_relaxed));
-    /* First block back since the owner last looked: tell it, in case the
-     * slab sits on its full list. (An owner that changed since the read
-     * above is told nothing; the block waits for the slab's next drain.) */
-    if (old == NULL && h != SS_NO_OWNER &&
-        !(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & (1u << cls)))
-        atomic_fetch_or_explicit(&h->remote_pending, 1u << cls, memory_order_relaxed);
-    tiny_stat(cls, ST_REMOTE, 1);
-    tiny_flow.remote[cls]++;
 }
 
 /* ---- thread exit, trim, fork ----------------------------------------------------- */
@@ -431,11 +457,10 @@ static void tiny_orphan(uint32_t cls, const struct ss_chain *c) {
     if (c->first) lf_push_chain(&tiny_orphans[cls], c->first, c->last, TINY_SLAB_LINK);
 }
 
-/* The exiting thread's heap: its slabs left (empty ones given back), the
- * heap to the next thread. */
+/* The exiting thread's heap (its cache given back): its slabs left (empty
+ * ones given back), the heap to the next thread. */
 static void tiny_heap_exit(struct tiny_heap *h) {
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
         h->refilled[cls] = h->grew[cls] = false; /* (the next thread's lists start small) */
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
         struct ss_chain c = {NULL, NULL};
@@ -460,13 +485,16 @@ static void tiny_heap_exit(struct tiny_heap *h) {
 
 void tiny_thread_exit(void) {
     tiny_merge_counts();
+    /* (A thread without a heap may cache other threads' blocks.) */
+    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++)
+        if (tc_count(cls)) tiny_give_back(hak_tc.heap, cls, tc_count(cls));
     if (hak_tc.heap) tiny_heap_exit(hak_tc.heap);
     ss_flush_counts(); /* last: nothing above is left pending */
 }
 
 void tiny_age(void) {
     struct tiny_heap *h = hak_tc.heap;
-    if (h == NULL) return;
+    if (h == NULL) return; /* (only a heap's lists grow) */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         if (hak_tc.cap[cls] <= small_class_cap[cls]) continue;
         if (h->grew[cls]) { /* (in use: its batches grew it this age) */
@@ -482,9 +510,9 @@ bool tiny_trim(void) {
     bool any = false;
     struct tiny_heap *h = hak_tc.heap;
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        if (h == NULL) break;
         if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
-        tc_shrink(cls); /* (and grows again if the thread's batches need it) */
+        if (h == NULL) continue; /* (other threads' blocks in its cache, at most) */
+        tc_shrink(cls);          /* (and grows again if the thread's batches need it) */
         struct ss_slab *cur = h->cur[cls];
         if (cur) {
             tiny_drain(cur);

@@ -2,8 +2,10 @@
  * one thread
  * each, served through the thread cache (core/tcache.h).
  *
- * free of a block whose slab this thread owns pushes it on the thread cache;
- * a block of another thread's slab goes on that slab's remote list with one
+ * free pushes the block on the thread cache, whichever thread's slab it is
+ * of: the cache hands it out again as it would one of its own. When a full
+ * cache gives blocks back, each run of one slab's blocks goes onto the slab:
+ * its free list when this thread owns it, else its remote list with one
  * CAS, and the owner takes the whole list with one exchange when it refills.
  * A thread that exits gives back its empty slabs and leaves the others to be
  * adopted by the next thread that needs their class. */
@@ -21,8 +23,9 @@
 /* Refill the (open) thread cache of cls and hand out a block; NULL (errno
  * ENOMEM) when the tier has no memory. */
 void *tiny_alloc_slow(uint32_t cls);
+/* The push of p (a block of s, marked free) found the list of its class
+ * full, or the caches closed. */
 void tiny_free_slow(void *p, struct ss_slab *s);
-void tiny_free_remote(void *p, struct ss_slab *s, const char *fn);
 
 /* Double frees. A free block's second word holds the address of its slab's
  * descriptor: written when the block is carved or freed, cleared when it is
@@ -59,19 +62,18 @@ HAK_INLINE void *tiny_alloc_fast(uint32_t cls) {
     return p;
 }
 
-/* Free p, a pointer into a SuperSlab; `fn` names the API call. */
+/* Free p, a pointer into a SuperSlab; `fn` names the API call. A block
+ * start ever carved in its slot (ss_is_block) and not marked free is a live
+ * block: an UNUSED slot has none carved, and every carved block of an EMPTY
+ * one is marked. So no look at the owner: the cache takes any thread's. */
 HAK_INLINE void tiny_free(void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
     if (hak_unlikely(!ss_is_block(s, p)))
         return diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
-    if (hak_unlikely(atomic_load_explicit(&s->owner, memory_order_relaxed) != hak_tc.heap)) {
-        tiny_free_remote(p, s, fn);
-        return;
-    }
     if (hak_unlikely(tiny_mark_free(p, s)))
         return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
-    uint32_t cls = s->cls;
-    if (hak_unlikely(!tc_push(cls, p))) tiny_free_slow(p, s);
+    /* (Its class holds while p is out: a slab with blocks out keeps it.) */
+    if (hak_unlikely(!tc_push(s->cls, p))) tiny_free_slow(p, s);
 }
 
 /* True when p (a pointer into a SuperSlab) is a block held by the program. */

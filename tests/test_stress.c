@@ -352,7 +352,10 @@ static void test_stress_tiny(void **state) {
     assert_true(secs >= STRESS_SECONDS);
     assert_true(sum.ops >= 100000);
     assert_true(sum.handed > 0);
-    assert_true(remote >= sum.handed); /* a received block is another thread's */
+    /* A received block is another thread's: its receiver's cache keeps it
+     * for the receiver's own mallocs, and gives back the surplus (and all it
+     * holds at exit) to the owners' slabs. */
+    assert_true(remote > 0);
 }
 
 int main(void) {

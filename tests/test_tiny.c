@@ -355,8 +355,11 @@ static void test_remote_frees_under_concurrency(void **state) {
         assert_int_equal(pthread_join(freer[k], NULL), 0);
     assert_int_equal(pthread_join(owner, NULL), 0);
     struct totals after = tiny_totals();
-    /* Every block came back to its slab: the owner's exit gave each of its
-     * slabs back (a block lost on the way would leave one an orphan). */
+    /* Every block came back to its slab: the freers' exits gave back what
+     * their caches held, the owner's exit its drained slabs, and a trim the
+     * slabs the owner left before the freers gave their blocks back (a
+     * block lost on the way would leave one an orphan). */
+    malloc_trim(0);
     uint32_t orphans = 0;
     assert_true(maps_snapshot()); /* (nothing below maps or unmaps) */
     for (uint32_t i = 0; i < RC_N; i++) {
@@ -399,8 +402,9 @@ static void *rl_push_thread(void *arg) {
     return NULL;
 }
 
-/* One thread frees blocks of the main thread's slab: they sit on that
- * slab's remote list, last freed first, until the owner takes them. */
+/* One thread frees blocks of the main thread's slab: its cache gives them
+ * back at its exit, onto that slab's remote list, where they sit until the
+ * owner takes them. */
 static void test_remote_list_holds_pushed_blocks(void **state) {
     (void)state;
     size_t size = small_class_size[RL_CLS];
@@ -430,10 +434,17 @@ static void test_remote_list_holds_pushed_blocks(void **state) {
     assert_int_equal(pthread_create(&t, NULL, rl_push_thread, &a), 0);
     assert_int_equal(pthread_join(t, NULL), 0);
     assert_int_equal(class_stats(RL_CLS).remote_frees - remote_before, n);
-    /* The list: our blocks, last pushed first, then what was there. */
+    /* The list: our blocks, each once (in runs: a full cache gives back
+     * half its blocks, newest first), then what was there. */
+    bool seen[N] = {false};
     void *r = atomic_load(&s->remote);
-    for (uint32_t i = n; i-- > 0; r = *(void **)r)
-        assert_ptr_equal(r, mine[i]);
+    for (uint32_t k = 0; k < n; k++, r = *(void **)r) {
+        uint32_t i = 0;
+        while (i < n && mine[i] != r)
+            i++;
+        assert_true(i < n && !seen[i]);
+        seen[i] = true;
+    }
     assert_ptr_equal(r, head);
     assert_int_equal(s->used, used); /* the owner has not looked yet */
     assert_int_equal(s->state, SS_ACTIVE);
@@ -585,6 +596,67 @@ static void *ad_adopter(void *arg) {
     return NULL;
 }
 
+/* ---- other threads' blocks in the cache ------------------------------------------------ */
+
+#define FB_N 64 /* fewer than the class's cache holds */
+
+struct fb_run {
+    void **blocks;
+    uint32_t cls;
+    uint32_t got_back;      /* of the blocks it freed, how many its mallocs got */
+    uint64_t remote_before; /* remote frees counted before its exit */
+};
+
+static void *fb_free_then_malloc(void *arg) {
+    struct fb_run *r = arg;
+    uint64_t before = class_stats(r->cls).remote_frees;
+    for (int i = 0; i < FB_N; i++)
+        free(r->blocks[i]);
+    void *got[FB_N];
+    for (int i = 0; i < FB_N; i++) {
+        got[i] = malloc(small_class_size[r->cls]);
+        for (int j = 0; j < FB_N; j++)
+            if (got[i] == r->blocks[j]) r->got_back++;
+    }
+    r->remote_before = class_stats(r->cls).remote_frees - before;
+    for (int i = 0; i < FB_N; i++)
+        free(got[i]);
+    return NULL;
+}
+
+/* A thread freeing another thread's blocks keeps them in its cache, with no
+ * atomic, and its own mallocs get them; its exit gives them back to their
+ * owner's slab. */
+static void test_foreign_blocks_serve_the_freer(void **state) {
+    (void)state;
+    struct fb_run r = {.cls = small_class_of(64)};
+    void *b[FB_N];
+    for (int i = 0; i < FB_N; i++)
+        b[i] = malloc(64);
+    r.blocks = b;
+    struct ss_slab *s = ss_slab_of(b[0]);
+    uint64_t before = class_stats(r.cls).remote_frees;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fb_free_then_malloc, &r), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(r.got_back, FB_N);
+    assert_int_equal(r.remote_before, 0);
+    assert_int_equal(class_stats(r.cls).remote_frees - before, FB_N);
+    /* The owner takes them back: its next refills find them on its slabs. */
+    uint32_t on_remote = 0;
+    for (void *p = atomic_load(&s->remote); p; p = *(void **)p)
+        on_remote++;
+    assert_true(on_remote > 0);
+    malloc_trim(0);
+}
+
+static void *ad_free_half(void *arg) {
+    (void)arg;
+    for (int i = 0; i < AD_N; i += 2)
+        free(ad_blocks[i]);
+    return NULL;
+}
+
 static void test_exited_threads_slabs_are_adopted(void **state) {
     (void)state;
     uint32_t cls = small_class_of(AD_SIZE);
@@ -598,12 +670,13 @@ static void test_exited_threads_slabs_are_adopted(void **state) {
         assert_ptr_equal(atomic_load(&s->owner), SS_NO_OWNER);
         assert_int_equal(s->cls, cls);
     }
-    /* Free half: remote frees into orphans. */
+    /* Free half, in a thread whose exit gives back its cache: remote frees
+     * into orphans. */
     struct tiny_class_stats st0 = class_stats(cls);
-    for (int i = 0; i < AD_N; i += 2) {
+    for (int i = 0; i < AD_N; i += 2)
         assert_int_equal(((uint8_t *)ad_blocks[i])[AD_SIZE - 1], 0x3c);
-        free(ad_blocks[i]);
-    }
+    assert_int_equal(pthread_create(&t, NULL, ad_free_half, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
     struct tiny_class_stats st1 = class_stats(cls);
     assert_int_equal(st1.remote_frees - st0.remote_frees, AD_N / 2);
     /* A new thread needing the class adopts instead of taking a new slab. */
@@ -1230,6 +1303,7 @@ int main(void) {
         cmocka_unit_test_setup(test_big_blocks_carved_with_one_populate, setup),
         cmocka_unit_test_setup(test_first_malloc_prewarms_cache, setup),
         cmocka_unit_test_setup(test_exited_threads_slabs_are_adopted, setup),
+        cmocka_unit_test_setup(test_foreign_blocks_serve_the_freer, setup),
         cmocka_unit_test_setup(test_remote_list_holds_pushed_blocks, setup),
         cmocka_unit_test_setup(test_remote_pushes_while_owner_allocates, setup),
         cmocka_unit_test_setup(test_remote_frees_under_concurrency, setup),

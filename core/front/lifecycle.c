@@ -42,9 +42,11 @@ static void life_thread_exit(void *unused) {
     (void)unused;
     life_armed = false;
     life_exited = true;
-    tiny_thread_exit();
     pool_thread_exit();
     l25_thread_exit();
+    /* Last before the caches close: a Tiny free in the steps above (a
+     * signal handler's) would go into the cache, whatever slab it is of. */
+    tiny_thread_exit();
     tc_thread_close();
     chk_thread_exit();
     large_thread_exit();
