@@ -58,6 +58,12 @@ struct tiny_heap {
  * each class's slabs in one step. */
 static struct lf_stack tiny_heaps;
 static struct lf_stack tiny_orphans[TINY_NCLASSES];
+/* Blocks went back to an orphan since the last sweep of them: caches give
+ * other threads' blocks back late (at a flush, at their thread's exit), so
+ * an orphan's last blocks may come back after its owner left, and nothing
+ * else would give it back until a thread needing its class adopts it or
+ * malloc_trim (tiny_age sweeps, tiny_sweep_orphans). */
+static _Atomic bool tiny_orphans_fed;
 
 static _Atomic uint64_t tiny_st[TINY_NCLASSES][6]; /* tiny_class_stats, in order */
 enum { ST_ALLOCS, ST_FREES, ST_REFILLS, ST_FLUSHES, ST_REMOTE, ST_ADOPTED };
@@ -349,9 +355,13 @@ static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_
     /* First blocks back since the owner last looked: tell it, in case the
      * slab sits on its full list. (An owner that changed since the read
      * above is told nothing; the blocks wait for the slab's next drain.) */
-    if (old == NULL && h != SS_NO_OWNER &&
-        !(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & (1u << cls)))
+    if (h == SS_NO_OWNER) {
+        if (!atomic_load_explicit(&tiny_orphans_fed, memory_order_relaxed))
+            atomic_store_explicit(&tiny_orphans_fed, true, memory_order_relaxed);
+    } else if (old == NULL &&
+               !(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & (1u << cls))) {
         atomic_fetch_or_explicit(&h->remote_pending, 1u << cls, memory_order_relaxed);
+    }
     tiny_stat(cls, ST_REMOTE, k);
 }
 
@@ -400,6 +410,13 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
     usage_add(-(int64_t)own * small_class_size[cls]);
     if (h != NULL) h->passed_on[cls] = own < n;
     tiny_stat(cls, ST_FLUSHES, 1);
+}
+
+void tiny_reject(const void *p, const struct ss_slab *s, const char *fn) {
+    /* (An EMPTY slot's pages are readable whatever became of them.) */
+    if (s->state == SS_EMPTY && ss_was_block(s, p) && *tiny_free_mark((void *)p) == s)
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
+    diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
 }
 
 /* A thread that may not cache (its exit has begun, checked mode) frees p,
@@ -492,7 +509,24 @@ void tiny_thread_exit(void) {
     ss_flush_counts(); /* last: nothing above is left pending */
 }
 
+/* Orphans whose blocks all came back to them: the class's all taken (ours
+ * to drain meanwhile), the others put back. True when one was given back. */
+static bool tiny_sweep_orphans(void) {
+    bool any = false;
+    atomic_store_explicit(&tiny_orphans_fed, false, memory_order_relaxed);
+    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
+        struct ss_chain c = {NULL, NULL};
+        for (struct ss_slab *s = lf_take_all(&tiny_orphans[cls]), *next; s; s = next) {
+            next = s->next;
+            any |= tiny_let_go(s, &c);
+        }
+        tiny_orphan(cls, &c);
+    }
+    return any;
+}
+
 void tiny_age(void) {
+    if (atomic_load_explicit(&tiny_orphans_fed, memory_order_relaxed)) tiny_sweep_orphans();
     struct tiny_heap *h = hak_tc.heap;
     if (h == NULL) return; /* (only a heap's lists grow) */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
@@ -540,17 +574,7 @@ bool tiny_trim(void) {
         }
     }
     if (h) any |= tiny_release_spares(h); /* (the flushes above may have made some) */
-    /* Orphans whose blocks all came back to them: the class's all taken
-     * (ours to drain meanwhile), the others put back. */
-    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        struct ss_chain c = {NULL, NULL};
-        for (struct ss_slab *s = lf_take_all(&tiny_orphans[cls]), *next; s; s = next) {
-            next = s->next;
-            any |= tiny_let_go(s, &c);
-        }
-        tiny_orphan(cls, &c);
-    }
-    return any;
+    return tiny_sweep_orphans() || any;
 }
 
 void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]) {

@@ -26,6 +26,10 @@ void *tiny_alloc_slow(uint32_t cls);
 /* The push of p (a block of s, marked free) found the list of its class
  * full, or the caches closed. */
 void tiny_free_slow(void *p, struct ss_slab *s);
+/* free of p, which fails the block test of its slab s: a double free when
+ * p is a marked block of an EMPTY slab, else an invalid pointer. Never
+ * returns (not declared so: reached with a tail jump). */
+__attribute__((cold)) void tiny_reject(const void *p, const struct ss_slab *s, const char *fn);
 
 /* Double frees. A free block's second word holds the address of its slab's
  * descriptor: written when the block is carved or freed, cleared when it is
@@ -62,14 +66,13 @@ HAK_INLINE void *tiny_alloc_fast(uint32_t cls) {
     return p;
 }
 
-/* Free p, a pointer into a SuperSlab; `fn` names the API call. A block
- * start ever carved in its slot (ss_is_block) and not marked free is a live
- * block: an UNUSED slot has none carved, and every carved block of an EMPTY
- * one is marked. So no look at the owner: the cache takes any thread's. */
+/* Free p, a pointer into a SuperSlab; `fn` names the API call. A block that
+ * passes the block test (ss_is_block: a block carved in an ACTIVE slab;
+ * UNUSED and EMPTY ones pass none) and is not marked free is a live block.
+ * So no look at the owner: the cache takes any thread's. */
 HAK_INLINE void tiny_free(void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
-    if (hak_unlikely(!ss_is_block(s, p)))
-        return diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
+    if (hak_unlikely(!ss_is_block(s, p))) return tiny_reject(p, s, fn);
     if (hak_unlikely(tiny_mark_free(p, s)))
         return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
     /* (Its class holds while p is out: a slab with blocks out keeps it.) */

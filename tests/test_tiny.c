@@ -650,6 +650,44 @@ static void test_foreign_blocks_serve_the_freer(void **state) {
     malloc_trim(0);
 }
 
+#define OF_CLS 17u /* 768 B: used by nothing else here */
+#define OF_N   200 /* blocks in 3 slabs and more */
+static void *of_blocks[OF_N];
+
+static void *of_alloc_all(void *arg) {
+    (void)arg;
+    for (int i = 0; i < OF_N; i++)
+        of_blocks[i] = malloc(small_class_size[OF_CLS]);
+    return NULL;
+}
+
+static void *of_free_all(void *arg) {
+    (void)arg;
+    for (int i = 0; i < OF_N; i++)
+        free(of_blocks[i]);
+    return NULL;
+}
+
+/* An owner exits with its blocks out; another thread frees them all, and
+ * its cache gives them back (its exit) onto the orphans' remote lists.
+ * Nothing needs the class after: the next look at the ages gives the
+ * orphans, whose blocks are all back, back to the SuperSlabs. */
+static void test_orphans_whose_blocks_came_back_go_at_the_ages(void **state) {
+    (void)state;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, of_alloc_all, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    for (int i = 0; i < OF_N; i++)
+        assert_ptr_equal(atomic_load(&ss_slab_of(of_blocks[i])->owner), SS_NO_OWNER);
+    assert_int_equal(pthread_create(&t, NULL, of_free_all, NULL), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    tiny_age();
+    for (int i = 0; i < OF_N; i++) {
+        struct ss_slab *s = ss_slab_of(of_blocks[i]);
+        assert_false(s->state == SS_ACTIVE && atomic_load(&s->owner) == SS_NO_OWNER);
+    }
+}
+
 static void *ad_free_half(void *arg) {
     (void)arg;
     for (int i = 0; i < AD_N; i += 2)
@@ -1222,6 +1260,31 @@ static void test_double_free_after_slab_released(void **state) {
     expect_free_abort(do_free, p, "invalid pointer");
 }
 
+static void *alloc_free_exit(void *arg) {
+    void *p = malloc(small_class_size[16]); /* 640 B: used by nothing else here */
+    free(p);
+    *(void **)arg = p;
+    return NULL;
+}
+
+/* A block of a slab its thread's exit gave back (EMPTY), its free mark
+ * written over after its free (a use after free), then freed again: free
+ * takes other threads' blocks on the mark alone, so the slab itself must
+ * refuse it (it went into the cache, and out of it while its slab's free
+ * list also held it: handed out twice). */
+static void test_double_free_of_emptied_block_with_mark_overwritten(void **state) {
+    (void)state;
+    pthread_t t;
+    void *p = NULL;
+    assert_int_equal(pthread_create(&t, NULL, alloc_free_exit, &p), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(ss_slab_of(p)->state, SS_EMPTY);
+    /* Not written over, it is a double free. */
+    expect_free_abort(do_free, p, "double free");
+    ((void **)p)[1] = NULL; /* the mark (the link before it left whole) */
+    expect_free_abort(do_free, p, "invalid pointer");
+}
+
 /* ---- a full SuperSlab range ------------------------------------------------------------ */
 
 /* When the SuperSlab range cannot grow (the OS refuses more address space
@@ -1304,6 +1367,7 @@ int main(void) {
         cmocka_unit_test_setup(test_first_malloc_prewarms_cache, setup),
         cmocka_unit_test_setup(test_exited_threads_slabs_are_adopted, setup),
         cmocka_unit_test_setup(test_foreign_blocks_serve_the_freer, setup),
+        cmocka_unit_test_setup(test_orphans_whose_blocks_came_back_go_at_the_ages, setup),
         cmocka_unit_test_setup(test_remote_list_holds_pushed_blocks, setup),
         cmocka_unit_test_setup(test_remote_pushes_while_owner_allocates, setup),
         cmocka_unit_test_setup(test_remote_frees_under_concurrency, setup),
@@ -1315,6 +1379,7 @@ int main(void) {
         cmocka_unit_test_setup(test_free_in_unused_slot, setup),
         cmocka_unit_test_setup(test_free_in_given_back_superslab, setup),
         cmocka_unit_test_setup(test_immediate_double_free, setup),
+        cmocka_unit_test_setup(test_double_free_of_emptied_block_with_mark_overwritten, setup),
         cmocka_unit_test_setup(test_double_free_after_flush, setup),
         cmocka_unit_test_setup(test_flush_gives_runs_back_to_their_slabs, setup),
         cmocka_unit_test_setup(test_list_grows_for_batches_then_shrinks, setup),

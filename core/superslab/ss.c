@@ -303,7 +303,9 @@ struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
     struct ss_slab *s = lf_pop(&ss_empty[cls].s, SS_SLAB_LINK);
     if (s) {
         ss_count(SC_STAGE1, 1);
-        return ss_activate(s);
+        ss_activate(s);
+        ss_set_carved(s, s->carved); /* its blocks pass the block test again */
+        return s;
     }
     /* Stage 2: an UNUSED slot of a mapped SuperSlab. */
     if (atomic_load_explicit(&ss_have_partial, memory_order_relaxed)) {
@@ -444,6 +446,11 @@ bool ss_release(struct ss_slab *s, bool retire) {
     struct superslab *ss = ss_of(s);
     bool idle = false;
     atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_relaxed);
+    /* No block of an EMPTY slab passes the block test: free takes any
+     * thread's block on the mark alone, which a write after free can have
+     * cleared (tiny_reject still tells a double free by it). Its carved
+     * count stays, for a reuse of the class (ss_acquire). */
+    __atomic_store_n(&s->valid_lim, 0, __ATOMIC_RELAXED);
     ss_set_state(s, SS_EMPTY);
     s->epoch = atomic_load_explicit(&ss_epoch, memory_order_relaxed);
     ss_count(SC_RELEASES, 1);

@@ -145,6 +145,13 @@ HAK_INLINE bool ss_is_block(const struct ss_slab *s, const void *p) {
     return off * s->div_mul < hak_peek(s->valid_lim);
 }
 
+/* True when p starts one of the blocks s has carved, whatever its state
+ * (ss_is_block: an EMPTY slab's valid limit is 0). Cold paths only. */
+static inline bool ss_was_block(const struct ss_slab *s, const void *p) {
+    uint32_t off = (uint32_t)((uintptr_t)p & (SS_SLOT_SIZE - 1));
+    return off * s->div_mul < (uint32_t)s->carved * (s->size * s->div_mul);
+}
+
 /* Record that the first n blocks of s have been carved. */
 static inline void ss_set_carved(struct ss_slab *s, uint32_t n) {
     s->carved = (uint16_t)n;
