@@ -449,14 +449,25 @@ HAK_HIDDEN void *front_class_miss(uint32_t cls, size_t n) {
     return front_class_slow(cls);
 }
 
-HAK_HIDDEN void *front_malloc_miss(size_t n, enum chk_family f) {
+HAK_HIDDEN void *front_malloc_miss(size_t n, size_t cls, enum chk_family f) {
     if (hak_unlikely(chk_on)) return chk_alloc(n, 0, f);
     if (hak_unlikely(--hak_tc.purge_tick < 0)) front_purge();
-    if (n > HAK_SMALL_MAX) return front_large_miss(n);
-    uint32_t cls = small_class_of(n);
+    if (cls >= SMALL_NCLASSES) return front_large_miss(n);
     if (hak_unlikely(tc_due(cls))) return front_malloc_due(n, cls);
     void *p = front_class_slow(cls); /* (inlined: Pool blocks come this way often) */
     return hak_likely(p != NULL) ? p : front_small_failed(cls);
+}
+
+/* (No inlining nor interprocedural passes: seen inlined, the table look
+ * folded into the caller's, and its register move came back.) */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((noipa))
+#else
+__attribute__((noinline))
+#endif
+HAK_HIDDEN void *
+front_lut_miss(size_t n, enum chk_family f) {
+    return front_malloc_miss(n, small_class_lut[n], f);
 }
 
 /* ---- entry points ---------------------------------------------------------

@@ -13,14 +13,16 @@
 #include "l25.h"
 #include "tiny.h"
 
-/* malloc(n) when the thread cache had nothing for it: the tiers' slow
- * paths, and when the OS refused memory, once more after every cache gave
- * its memory back (api.c). Out of line, so the fast path below keeps its
- * arguments in their registers and tail-jumps here; it finds n's class
- * again (passing it cost the fast path a register move). f: the family
- * allocating, for the checked tier (HAKMEM_CHECK), which serves every miss
- * while on. */
-void *front_malloc_miss(size_t n, enum chk_family f);
+/* malloc(n) when the thread cache had nothing for it (cls: n's class, or
+ * SMALL_NCLASSES for a Large block): the tiers' slow paths, and when the OS
+ * refused memory, once more after every cache gave its memory back
+ * (api.c). Out of line, so the fast path below keeps its arguments in
+ * their registers and tail-jumps here. f: the family allocating, for the
+ * checked tier (HAKMEM_CHECK), which serves every miss while on. */
+void *front_malloc_miss(size_t n, size_t cls, enum chk_family f);
+/* The same for n < TINY_LUT_N, which finds the class again (one load): a
+ * class passed from the table look cost the fast path a register move. */
+void *front_lut_miss(size_t n, enum chk_family f);
 /* A block of small class cls the thread cache had none of, for
  * front_alloc_class: the class's tier (NULL, errno ENOMEM, when even the
  * L2.5 tier has no memory). It and front_malloc_miss share the one place
@@ -29,16 +31,24 @@ void *front_malloc_miss(size_t n, enum chk_family f);
 void *front_class_miss(uint32_t cls, size_t n);
 
 HAK_INLINE void *front_malloc_as(size_t n, enum chk_family f) {
+    if (hak_likely(n < TINY_LUT_N)) {
+        void *p = tiny_alloc_fast(small_class_lut[n]);
+        return hak_likely(p != NULL) ? p : front_lut_miss(n, f);
+    }
+    /* (Passed on: Pool blocks miss often, a thread cache holding few.) */
     void *p = NULL;
-    if (hak_likely(n < TINY_LUT_N))
-        p = tiny_alloc_fast(small_class_lut[n]);
-    else if (n <= TINY_MAX)
-        p = tiny_alloc_fast(small_class_of(n));
-    else if (n <= POOL_MAX)
-        p = pool_alloc_fast(small_class_of(n));
-    else if (n <= HAK_SMALL_MAX)
-        p = l25_alloc_fast(small_class_of(n));
-    return hak_likely(p != NULL) ? p : front_malloc_miss(n, f);
+    uint32_t cls = SMALL_NCLASSES;
+    if (n <= TINY_MAX) {
+        cls = small_class_of(n);
+        p = tiny_alloc_fast(cls);
+    } else if (n <= POOL_MAX) {
+        cls = small_class_of(n);
+        p = pool_alloc_fast(cls);
+    } else if (n <= HAK_SMALL_MAX) {
+        cls = small_class_of(n);
+        p = l25_alloc_fast(cls);
+    }
+    return hak_likely(p != NULL) ? p : front_malloc_miss(n, cls, f);
 }
 
 HAK_INLINE void *front_malloc(size_t n) {
