@@ -92,6 +92,7 @@ halves_1024                 bench_halves 1500 1024 42
 halves_4096                 bench_halves 500 4096 42
 larson_8-1000_1t            HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=1000 HAKMEM_BENCH_STEPS=4000 bench_larson 1 6000 1000 42
 larson_8-1000_2t            HAKMEM_BENCH_MIN_SIZE=8 HAKMEM_BENCH_MAX_SIZE=1000 HAKMEM_BENCH_STEPS=4000 bench_larson 2 500 1000 42
+build_2t                    bench_build 400 2 42
 remote_free_16-1024         HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=1024 HAKMEM_BENCH_QUEUE=1024 bench_remote_free 800000 42
 random_mixed_16-65536_ws400 HAKMEM_BENCH_MIN_SIZE=16 HAKMEM_BENCH_MAX_SIZE=65536 bench_random_mixed 1000000 400 42
 mid_large_mt_1t             HAKMEM_BENCH_MIN_SIZE=8192 HAKMEM_BENCH_MAX_SIZE=32768 bench_mid_large_mt 1 1500000 256 42
