@@ -63,7 +63,7 @@ static struct lf_stack tiny_orphans[TINY_NCLASSES];
  * an orphan's last blocks may come back after its owner left, and nothing
  * else would give it back until a thread needing its class adopts it or
  * malloc_trim (tiny_age sweeps, tiny_sweep_orphans). */
-static _Atomic bool tiny_orphans_fed;
+static _Alignas(64) _Atomic bool tiny_orphans_fed;
 
 static _Atomic uint64_t tiny_st[TINY_NCLASSES][6]; /* tiny_class_stats, in order */
 enum { ST_ALLOCS, ST_FREES, ST_REFILLS, ST_FLUSHES, ST_REMOTE, ST_ADOPTED };
@@ -338,6 +338,11 @@ void *tiny_alloc_slow(uint32_t cls) {
     return tiny_handed_out(tc_pop_filled(cls));
 }
 
+static void tiny_orphan_fed(void) {
+    if (!atomic_load_explicit(&tiny_orphans_fed, memory_order_relaxed))
+        atomic_store_explicit(&tiny_orphans_fed, true, memory_order_relaxed);
+}
+
 /* A run first..last of k blocks of s, a slab this thread does not own,
  * onto its remote list: one CAS. */
 static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_t k) {
@@ -350,18 +355,19 @@ static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_
     void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
     do {
         *(void **)last = old;
-    } while (!atomic_compare_exchange_weak_explicit(&s->remote, &old, first, memory_order_release,
+    } while (!atomic_compare_exchange_weak_explicit(&s->remote, &old, first, memory_order_seq_cst,
                                                     memory_order_relaxed));
     /* First blocks back since the owner last looked: tell it, in case the
      * slab sits on its full list. (An owner that changed since the read
      * above is told nothing; the blocks wait for the slab's next drain.) */
-    if (h == SS_NO_OWNER) {
-        if (!atomic_load_explicit(&tiny_orphans_fed, memory_order_relaxed))
-            atomic_store_explicit(&tiny_orphans_fed, true, memory_order_relaxed);
-    } else if (old == NULL &&
-               !(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & (1u << cls))) {
+    if (h != SS_NO_OWNER && old == NULL &&
+        !(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & (1u << cls)))
         atomic_fetch_or_explicit(&h->remote_pending, 1u << cls, memory_order_relaxed);
-    }
+    /* Onto an orphan: its owner is read again after the push (a descriptor
+     * stays readable), since the owner read above may have let it go since
+     * (tiny_let_go: its store of no owner, then its look at the remote
+     * list; seq_cst both sides, so one of the two sees the other). */
+    if (atomic_load_explicit(&s->owner, memory_order_seq_cst) == SS_NO_OWNER) tiny_orphan_fed();
     tiny_stat(cls, ST_REMOTE, k);
 }
 
@@ -465,7 +471,10 @@ static bool tiny_let_go(struct ss_slab *s, struct ss_chain *c) {
         ss_release(s, true);
         return true;
     }
-    atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_release);
+    atomic_store_explicit(&s->owner, SS_NO_OWNER, memory_order_seq_cst);
+    /* Blocks pushed since the drain, by a pusher that read us as owner:
+     * the sweep is told (see tiny_remote_push). */
+    if (atomic_load_explicit(&s->remote, memory_order_seq_cst) != NULL) tiny_orphan_fed();
     ss_chain_add(c, s);
     return false;
 }

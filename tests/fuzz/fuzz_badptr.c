@@ -298,7 +298,13 @@ static enum where classify(struct fz *m, const uint8_t *q) {
         if (q == b->p) return AT_LIVE_START;
         if (q > b->p && q < b->p + b->usable) return IN_LIVE;
     }
-    if (ss_contains(q)) return ss_is_block(ss_slab_of(q), q) ? SS_BLOCK : SS_OTHER;
+    if (ss_contains(q)) {
+        /* (A block of a slab given back, EMPTY, fails the block test but
+         * is one all the same: its free may be told a double free.) */
+        const struct ss_slab *s = ss_slab_of(q);
+        bool block = ss_is_block(s, q) || (s->state == SS_EMPTY && ss_was_block(s, q));
+        return block ? SS_BLOCK : SS_OTHER;
+    }
     return ELSEWHERE;
 }
 
