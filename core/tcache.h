@@ -230,11 +230,19 @@ static inline bool tc_grow(uint32_t cls) {
     if (cap >= most) return false;
     uint32_t grown = 2 * cap < most ? 2 * cap : most, more = grown - cap;
     for (uint32_t c = 0; c < TINY_NCLASSES; c++) /* (only Tiny lists grow) */
-        more += (uint32_t)(hak_tc.cap[c] - small_class_cap[c]);
+        if (hak_tc.cap[c] > small_class_cap[c])
+            more += (uint32_t)(hak_tc.cap[c] - small_class_cap[c]);
     if (more > TC_GROW_BUDGET) return false;
     hak_tc.cap[cls] = (uint16_t)grown;
     hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + (int32_t)(grown - cap));
     return true;
+}
+
+/* The capacity of cls set to cap (its room with it): the list holds no more
+ * than cap blocks now. */
+static inline void tc_set_cap(uint32_t cls, uint32_t cap) {
+    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + ((int32_t)cap - hak_tc.cap[cls]));
+    hak_tc.cap[cls] = (uint16_t)cap;
 }
 
 /* The list of cls, empty, back to its first capacity. */

@@ -435,6 +435,26 @@ static void tiny_free_uncached(void *p, struct ss_slab *s) {
     tiny_remote_push(s, p, p, 1);
 }
 
+/* After a flush: a list that passed other threads' blocks on holds a
+ * quarter of its first capacity (at least TINY_FOREIGN_CAP) until a flush
+ * finds only its own again. What a thread frees of others' blocks waits in
+ * its cache, out of their owners' reach, and the owners carve more memory
+ * meanwhile (the ring rows at 8 threads held 2x the RSS with full lists).
+ * Owner only: called with h == NULL, everything it holds is others'. */
+#define TINY_FOREIGN_CAP 16u
+static void tiny_fit_cap(struct tiny_heap *h, uint32_t cls) {
+    uint32_t first = small_class_cap[cls], cap = hak_tc.cap[cls];
+    if (h != NULL && !h->passed_on[cls]) {
+        if (cap < first) tc_set_cap(cls, first);
+        return;
+    }
+    uint32_t want = first / 4 > TINY_FOREIGN_CAP ? first / 4 : TINY_FOREIGN_CAP;
+    if (want >= cap) return;
+    uint32_t n = tc_count(cls);
+    if (n > want / 2) tiny_give_back(h, cls, n - want / 2);
+    tc_set_cap(cls, want);
+}
+
 void tiny_free_slow(void *p, struct ss_slab *s) {
     uint32_t cls = s->cls;
     tc_refund(cls);
@@ -458,7 +478,10 @@ void tiny_free_slow(void *p, struct ss_slab *s) {
         h->grew[cls] |= h->refilled[cls];
         h->refilled[cls] = false;
     }
-    if (!grew) tiny_give_back(h, cls, tc_batch(cls));
+    if (!grew) {
+        tiny_give_back(h, cls, tc_batch(cls));
+        tiny_fit_cap(h, cls);
+    }
     tc_push(cls, p);
 }
 

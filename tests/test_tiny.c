@@ -624,6 +624,49 @@ static void *fb_free_then_malloc(void *arg) {
     return NULL;
 }
 
+#define FC_N 300 /* more than the 64 B list holds (128) */
+
+struct fc_run {
+    void **blocks;
+    uint32_t cls;
+    uint32_t cap_after_others, count_after_others, cap_after_own;
+};
+
+static void *fc_thread(void *arg) {
+    struct fc_run *r = arg;
+    for (int i = 0; i < FC_N; i++) /* the main thread's blocks */
+        free(r->blocks[i]);
+    r->cap_after_others = hak_tc.cap[r->cls];
+    r->count_after_others = tc_count(r->cls);
+    void *mine[FC_N];
+    for (int i = 0; i < FC_N; i++)
+        mine[i] = malloc(64);
+    for (int i = 0; i < FC_N; i++) /* its own, and the few others' it reused */
+        free(mine[i]);
+    r->cap_after_own = hak_tc.cap[r->cls];
+    return NULL;
+}
+
+/* A list whose flush passed other threads' blocks on holds a quarter of its
+ * capacity (they are out of their owners' reach while it holds them), and
+ * its full capacity again once it flushes only its own. */
+static void test_list_of_others_blocks_holds_less(void **state) {
+    (void)state;
+    struct fc_run r = {.cls = small_class_of(64)};
+    void **b = test_map(FC_N * sizeof(void *));
+    for (int i = 0; i < FC_N; i++)
+        b[i] = malloc(64);
+    r.blocks = b;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fc_thread, &r), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    uint32_t first = small_class_cap[r.cls];
+    assert_int_equal(r.cap_after_others, first / 4);
+    assert_true(r.count_after_others <= first / 4);
+    assert_int_equal(r.cap_after_own, first);
+    munmap(b, FC_N * sizeof(void *));
+}
+
 /* A thread freeing another thread's blocks keeps them in its cache, with no
  * atomic, and its own mallocs get them; its exit gives them back to their
  * owner's slab. */
@@ -1367,6 +1410,7 @@ int main(void) {
         cmocka_unit_test_setup(test_first_malloc_prewarms_cache, setup),
         cmocka_unit_test_setup(test_exited_threads_slabs_are_adopted, setup),
         cmocka_unit_test_setup(test_foreign_blocks_serve_the_freer, setup),
+        cmocka_unit_test_setup(test_list_of_others_blocks_holds_less, setup),
         cmocka_unit_test_setup(test_orphans_whose_blocks_came_back_go_at_the_ages, setup),
         cmocka_unit_test_setup(test_remote_list_holds_pushed_blocks, setup),
         cmocka_unit_test_setup(test_remote_pushes_while_owner_allocates, setup),
