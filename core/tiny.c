@@ -31,7 +31,11 @@ enum { WHERE_CUR, WHERE_AVAIL, WHERE_FULL, WHERE_SPARE };
  * on lines of their own: the owner's fields share a line with no word other
  * threads write. */
 struct tiny_heap {
-    _Alignas(64) _Atomic uint32_t remote_pending;    /* bit c: a class-c slab got remote frees */
+    _Alignas(64) _Atomic uint32_t remote_pending; /* bit c: a class-c slab got remote frees */
+    /* Odd while the owner's exit lets its slabs go; never reset (a pusher
+     * that read this heap as a slab's owner compares it across its push:
+     * tiny_remote_push). */
+    _Atomic uint32_t exits;
     _Alignas(64) struct ss_slab *cur[TINY_NCLASSES]; /* slab refills come from */
     struct ss_slab *avail[TINY_NCLASSES];            /* owned slabs with free blocks */
     struct ss_slab *full[TINY_NCLASSES];             /* owned slabs with none at last look */
@@ -351,7 +355,13 @@ static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_
      * SuperSlab may be unmapped. After the CAS only the heap (never
      * unmapped) is touched. */
     uint32_t cls = s->cls;
-    struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    struct tiny_heap *h = atomic_load_explicit(&s->owner, memory_order_seq_cst);
+    uint32_t exits = 0;
+    bool orphan = h == SS_NO_OWNER;
+    if (!orphan) { /* (the owner read again after its exit count: see below) */
+        exits = atomic_load_explicit(&h->exits, memory_order_seq_cst);
+        orphan = atomic_load_explicit(&s->owner, memory_order_seq_cst) != h;
+    }
     void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
     do {
         *(void **)last = old;
@@ -363,11 +373,20 @@ static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_
     if (h != SS_NO_OWNER && old == NULL &&
         !(atomic_load_explicit(&h->remote_pending, memory_order_relaxed) & (1u << cls)))
         atomic_fetch_or_explicit(&h->remote_pending, 1u << cls, memory_order_relaxed);
-    /* Onto an orphan: its owner is read again after the push (a descriptor
-     * stays readable), since the owner read above may have let it go since
-     * (tiny_let_go: its store of no owner, then its look at the remote
-     * list; seq_cst both sides, so one of the two sees the other). */
-    if (atomic_load_explicit(&s->owner, memory_order_seq_cst) == SS_NO_OWNER) tiny_orphan_fed();
+    /* Onto an orphan, or maybe one: the owner read above may have exited
+     * since, or be exiting, and let the slab go before the push landed.
+     * Its heap (never unmapped; the descriptor may be, by now) says so:
+     * its exit count, odd during an exit, bumped at both ends, read before
+     * the owner was read again (so a count read after a whole exit goes
+     * with an owner read after it: no owner); and the exit's tiny_let_go
+     * looks at the remote list after it stores no owner. All seq_cst:
+     * either the exit sees the push or this sees the exit. A spurious
+     * "fed" costs a sweep. */
+    if (!orphan) {
+        uint32_t now = atomic_load_explicit(&h->exits, memory_order_seq_cst);
+        orphan = now != exits || (now & 1);
+    }
+    if (orphan) tiny_orphan_fed();
     tiny_stat(cls, ST_REMOTE, k);
 }
 
@@ -509,6 +528,7 @@ static void tiny_orphan(uint32_t cls, const struct ss_chain *c) {
 /* The exiting thread's heap (its cache given back): its slabs left (empty
  * ones given back), the heap to the next thread. */
 static void tiny_heap_exit(struct tiny_heap *h) {
+    atomic_fetch_add_explicit(&h->exits, 1, memory_order_seq_cst); /* (odd: see tiny_remote_push) */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         h->refilled[cls] = h->grew[cls] = false; /* (the next thread's lists start small) */
         struct ss_slab *lists[] = {h->cur[cls], h->avail[cls], h->full[cls]};
@@ -529,6 +549,7 @@ static void tiny_heap_exit(struct tiny_heap *h) {
     if (h->nidle > TINY_IDLE_MAX) ss_retire_all_idle();
     h->nidle = 0;
     hak_tc.heap = NULL;
+    atomic_fetch_add_explicit(&h->exits, 1, memory_order_seq_cst);
     lf_push(&tiny_heaps, h, TINY_HEAP_LINK);
 }
 
