@@ -35,7 +35,7 @@ struct tiny_heap {
     /* Odd while the owner's exit lets its slabs go; never reset (a pusher
      * that read this heap as a slab's owner compares it across its push:
      * tiny_remote_push). */
-    _Atomic uint32_t exits;
+    _Alignas(64) _Atomic uint32_t exits; /* (a line of its own: read by pushers, seldom written) */
     _Alignas(64) struct ss_slab *cur[TINY_NCLASSES]; /* slab refills come from */
     struct ss_slab *avail[TINY_NCLASSES];            /* owned slabs with free blocks */
     struct ss_slab *full[TINY_NCLASSES];             /* owned slabs with none at last look */
@@ -68,6 +68,11 @@ static struct lf_stack tiny_orphans[TINY_NCLASSES];
  * else would give it back until a thread needing its class adopts it or
  * malloc_trim (tiny_age sweeps, tiny_sweep_orphans). */
 static _Alignas(64) _Atomic bool tiny_orphans_fed;
+/* Sweeps started (each clears the flag first): one that starts while an
+ * exit or another sweep holds orphans off the stack may clear a feed of
+ * theirs, so the holder raises the flag again after it puts them back when
+ * the count moved meanwhile. */
+static _Atomic uint32_t tiny_sweeps;
 
 static _Atomic uint64_t tiny_st[TINY_NCLASSES][6]; /* tiny_class_stats, in order */
 enum { ST_ALLOCS, ST_FREES, ST_REFILLS, ST_FLUSHES, ST_REMOTE, ST_ADOPTED };
@@ -343,8 +348,8 @@ void *tiny_alloc_slow(uint32_t cls) {
 }
 
 static void tiny_orphan_fed(void) {
-    if (!atomic_load_explicit(&tiny_orphans_fed, memory_order_relaxed))
-        atomic_store_explicit(&tiny_orphans_fed, true, memory_order_relaxed);
+    if (!atomic_load_explicit(&tiny_orphans_fed, memory_order_seq_cst))
+        atomic_store_explicit(&tiny_orphans_fed, true, memory_order_seq_cst);
 }
 
 /* A run first..last of k blocks of s, a slab this thread does not own,
@@ -527,7 +532,12 @@ static void tiny_orphan(uint32_t cls, const struct ss_chain *c) {
 
 /* The exiting thread's heap (its cache given back): its slabs left (empty
  * ones given back), the heap to the next thread. */
+#ifdef HAK_FAULT_INJECT
+void (*tiny_exit_publish_hook)(void);
+#endif
+
 static void tiny_heap_exit(struct tiny_heap *h) {
+    uint32_t sweeps = atomic_load_explicit(&tiny_sweeps, memory_order_seq_cst);
     atomic_fetch_add_explicit(&h->exits, 1, memory_order_seq_cst); /* (odd: see tiny_remote_push) */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         h->refilled[cls] = h->grew[cls] = false; /* (the next thread's lists start small) */
@@ -539,8 +549,12 @@ static void tiny_heap_exit(struct tiny_heap *h) {
                 tiny_let_go(s, &c);
             }
         }
+#ifdef HAK_FAULT_INJECT
+        if (tiny_exit_publish_hook && c.first) tiny_exit_publish_hook();
+#endif
         tiny_orphan(cls, &c);
     }
+    if (atomic_load_explicit(&tiny_sweeps, memory_order_seq_cst) != sweeps) tiny_orphan_fed();
     tiny_release_spares(h);
     /* What it left idle earlier (and its flush above) goes too; past the
      * notes' room, a sweep of every idle SuperSlab. */
@@ -566,7 +580,8 @@ void tiny_thread_exit(void) {
  * to drain meanwhile), the others put back. True when one was given back. */
 static bool tiny_sweep_orphans(void) {
     bool any = false;
-    atomic_store_explicit(&tiny_orphans_fed, false, memory_order_relaxed);
+    atomic_store_explicit(&tiny_orphans_fed, false, memory_order_seq_cst);
+    uint32_t sweeps = atomic_fetch_add_explicit(&tiny_sweeps, 1, memory_order_seq_cst) + 1;
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         struct ss_chain c = {NULL, NULL};
         for (struct ss_slab *s = lf_take_all(&tiny_orphans[cls]), *next; s; s = next) {
@@ -575,6 +590,7 @@ static bool tiny_sweep_orphans(void) {
         }
         tiny_orphan(cls, &c);
     }
+    if (atomic_load_explicit(&tiny_sweeps, memory_order_seq_cst) != sweeps) tiny_orphan_fed();
     return any;
 }
 

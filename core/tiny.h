@@ -95,6 +95,12 @@ HAK_INLINE size_t tiny_usable_size(const void *p, const char *fn) {
     return s->size;
 }
 
+#ifdef HAK_FAULT_INJECT
+/* Tests: called by a thread's exit with a class's new orphans let go and
+ * not yet on the orphan stack. */
+extern void (*tiny_exit_publish_hook)(void);
+#endif
+
 /* Thread exit: return the cache to the slabs, give back empty slabs, leave
  * the rest for adoption. */
 void tiny_thread_exit(void);

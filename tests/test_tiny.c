@@ -731,6 +731,45 @@ static void test_orphans_whose_blocks_came_back_go_at_the_ages(void **state) {
     }
 }
 
+#ifdef HAK_FAULT_INJECT
+/* An orphan fed while its owner's exit still holds it off the orphan stack,
+ * and a sweep in between (which clears the flag and finds nothing): the
+ * exit raises the flag again once it puts the orphan there. */
+static void *fp_p;
+static _Atomic int fp_phase;
+
+static void fp_hook(void) {
+    atomic_store(&fp_phase, 1); /* let go (no owner), not yet published */
+    while (atomic_load(&fp_phase) != 2)
+        sched_yield();
+}
+
+static void *fp_owner(void *arg) {
+    (void)arg;
+    fp_p = malloc(small_class_size[18]); /* 896 B: used by nothing else here */
+    tiny_exit_publish_hook = fp_hook;
+    return NULL;
+}
+
+static void test_orphan_fed_before_its_exit_publishes_it(void **state) {
+    (void)state;
+    pthread_t t;
+    atomic_store(&fp_phase, 0);
+    assert_int_equal(pthread_create(&t, NULL, fp_owner, NULL), 0);
+    while (atomic_load(&fp_phase) != 1)
+        sched_yield();
+    tiny_exit_publish_hook = NULL;
+    struct ss_slab *s = ss_slab_of(fp_p);
+    assert_ptr_equal(atomic_load(&s->owner), SS_NO_OWNER);
+    free(fp_p);     /* into this thread's cache */
+    malloc_trim(0); /* gives it back onto the orphan (fed), then sweeps */
+    atomic_store(&fp_phase, 2);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    tiny_age();
+    assert_false(s->state == SS_ACTIVE && atomic_load(&s->owner) == SS_NO_OWNER);
+}
+#endif
+
 static void *ad_free_half(void *arg) {
     (void)arg;
     for (int i = 0; i < AD_N; i += 2)
@@ -1412,6 +1451,9 @@ int main(void) {
         cmocka_unit_test_setup(test_foreign_blocks_serve_the_freer, setup),
         cmocka_unit_test_setup(test_list_of_others_blocks_holds_less, setup),
         cmocka_unit_test_setup(test_orphans_whose_blocks_came_back_go_at_the_ages, setup),
+#ifdef HAK_FAULT_INJECT
+        cmocka_unit_test_setup(test_orphan_fed_before_its_exit_publishes_it, setup),
+#endif
         cmocka_unit_test_setup(test_remote_list_holds_pushed_blocks, setup),
         cmocka_unit_test_setup(test_remote_pushes_while_owner_allocates, setup),
         cmocka_unit_test_setup(test_remote_frees_under_concurrency, setup),
