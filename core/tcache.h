@@ -209,6 +209,13 @@ static inline uint32_t tc_batch(uint32_t cls) {
     return hak_tc.cap[cls] / 2u;
 }
 
+/* The capacity of cls set to cap (its room with it): the list holds no more
+ * than cap blocks now. */
+static inline void tc_set_cap(uint32_t cls, uint32_t cap) {
+    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + ((int32_t)cap - hak_tc.cap[cls]));
+    hak_tc.cap[cls] = (uint16_t)cap;
+}
+
 /* A list grows to TC_GROW_BYTES of blocks at most (and TC_GROW_MAX blocks:
  * room is 16 bits). */
 #define TC_GROW_BYTES ((uint32_t)128 << 10)
@@ -233,24 +240,14 @@ static inline bool tc_grow(uint32_t cls) {
         if (hak_tc.cap[c] > small_class_cap[c])
             more += (uint32_t)(hak_tc.cap[c] - small_class_cap[c]);
     if (more > TC_GROW_BUDGET) return false;
-    hak_tc.cap[cls] = (uint16_t)grown;
-    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + (int32_t)(grown - cap));
+    tc_set_cap(cls, grown);
     return true;
-}
-
-/* The capacity of cls set to cap (its room with it): the list holds no more
- * than cap blocks now. */
-static inline void tc_set_cap(uint32_t cls, uint32_t cap) {
-    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + ((int32_t)cap - hak_tc.cap[cls]));
-    hak_tc.cap[cls] = (uint16_t)cap;
 }
 
 /* The list of cls, empty, back to its first capacity. */
 static inline void tc_shrink(uint32_t cls) {
-    int32_t less = (int32_t)hak_tc.cap[cls] - small_class_cap[cls];
-    if (!hak_tc.open || less <= 0) return;
-    hak_tc.cap[cls] = small_class_cap[cls];
-    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room - less);
+    if (hak_tc.open && hak_tc.cap[cls] > small_class_cap[cls])
+        tc_set_cap(cls, small_class_cap[cls]);
 }
 
 /* A thread's first slow path: arm its exit hook and open the caches. False

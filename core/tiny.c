@@ -352,6 +352,13 @@ static void tiny_orphan_fed(void) {
         atomic_store_explicit(&tiny_orphans_fed, true, memory_order_seq_cst);
 }
 
+/* A holder of orphans off the stack (an exit, a sweep) has put them back:
+ * a sweep since `sweeps` (the count when it took them) may have cleared a
+ * feed of theirs. */
+static void tiny_orphans_back(uint32_t sweeps) {
+    if (atomic_load_explicit(&tiny_sweeps, memory_order_seq_cst) != sweeps) tiny_orphan_fed();
+}
+
 /* A run first..last of k blocks of s, a slab this thread does not own,
  * onto its remote list: one CAS. */
 static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_t k) {
@@ -554,7 +561,7 @@ static void tiny_heap_exit(struct tiny_heap *h) {
 #endif
         tiny_orphan(cls, &c);
     }
-    if (atomic_load_explicit(&tiny_sweeps, memory_order_seq_cst) != sweeps) tiny_orphan_fed();
+    tiny_orphans_back(sweeps);
     tiny_release_spares(h);
     /* What it left idle earlier (and its flush above) goes too; past the
      * notes' room, a sweep of every idle SuperSlab. */
@@ -590,7 +597,7 @@ static bool tiny_sweep_orphans(void) {
         }
         tiny_orphan(cls, &c);
     }
-    if (atomic_load_explicit(&tiny_sweeps, memory_order_seq_cst) != sweeps) tiny_orphan_fed();
+    tiny_orphans_back(sweeps);
     return any;
 }
 

@@ -22,6 +22,7 @@
 #include "tiny.h"
 
 #include "maps.h"
+#include "timing.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -738,10 +739,20 @@ static void test_orphans_whose_blocks_came_back_go_at_the_ages(void **state) {
 static void *fp_p;
 static _Atomic int fp_phase;
 
+/* Wait for fp_phase to reach `phase`, up to a hang limit (scaled:
+ * tests/timing.h); false past it. */
+static bool fp_wait(int phase) {
+    int64_t t0 = hak_test_now_ms(), limit = hak_test_limit_ms(30000);
+    while (atomic_load(&fp_phase) != phase) {
+        if (hak_test_now_ms() - t0 > limit) return false;
+        sched_yield();
+    }
+    return true;
+}
+
 static void fp_hook(void) {
     atomic_store(&fp_phase, 1); /* let go (no owner), not yet published */
-    while (atomic_load(&fp_phase) != 2)
-        sched_yield();
+    fp_wait(2);                 /* (past the limit the test has failed already) */
 }
 
 static void *fp_owner(void *arg) {
@@ -756,8 +767,7 @@ static void test_orphan_fed_before_its_exit_publishes_it(void **state) {
     pthread_t t;
     atomic_store(&fp_phase, 0);
     assert_int_equal(pthread_create(&t, NULL, fp_owner, NULL), 0);
-    while (atomic_load(&fp_phase) != 1)
-        sched_yield();
+    if (!fp_wait(1)) fail_msg("the exiting owner never reached its hook");
     tiny_exit_publish_hook = NULL;
     struct ss_slab *s = ss_slab_of(fp_p);
     assert_ptr_equal(atomic_load(&s->owner), SS_NO_OWNER);
