@@ -1,8 +1,9 @@
-/* Large tier. The header sits at the mapping's first byte; every region of
- * the mapping is marked RMAP_LARGE with its distance back to that byte, so
- * free finds the header from the pointer in O(1) and can check that the
- * pointer is the one it handed out. Every kernel mapping of the tier ends in a
- * guard page (LARGE_GUARD). */
+/* Large tier. The header sits in the mapping's first page, at the start or
+ * at a colour (large_place); every region of the mapping but the first is
+ * marked RMAP_LARGE with its distance back to the start, and the first with
+ * the colour, so free finds the header from the pointer in O(1) and can
+ * check that the pointer is the one it handed out. Every kernel mapping of
+ * the tier ends in a guard page (LARGE_GUARD). */
 #include "large.h"
 
 #include "box/bell.h"
@@ -37,8 +38,8 @@ struct large_hdr {
     uint8_t sample;  /* enum large_sample */
     size_t offset;   /* from the header to the block (the pointer handed out) */
     size_t req;      /* the size last asked for */
-    size_t map_size; /* bytes mapped from the header on */
-    size_t ready;    /* bytes from the header on whose pages are (taken as) resident */
+    size_t map_size; /* bytes mapped from the mapping's start on */
+    size_t ready;    /* bytes from the start on whose pages are (taken as) resident */
     uint64_t map;    /* the kernel mapping it is (part of): see large_entry */
     /* The heap profiler's view (large_follow): the chance that the block is
      * sampled is that of the bytes its countdown passed over for it. */
@@ -64,6 +65,48 @@ _Static_assert(sizeof(struct large_hdr) <= LARGE_HDR_SIZE - 8, "the header and t
 /* The block of mapping h: the pointer handed out. */
 HAK_INLINE void *large_user(const struct large_hdr *h) {
     return (uint8_t *)h + h->offset;
+}
+
+/* Header colours. Mappings start on region boundaries (2 MiB), so the
+ * headers of all blocks, were each at its start, would share their address
+ * bits below 2 MiB, and so would the parts of blocks growing side by side:
+ * the CPU's caches and TLBs pick a set by those bits, and 64 buffers grown
+ * by appends (append_64k), their headers read and their ends written at
+ * every realloc, missed the TLB at every step (0.7x mimalloc's speed; with
+ * 32 buffers, which fit the ways of one set, 1.1x). So a block at the
+ * tier's own alignment has its header (and itself after it) at a colour:
+ * one of LARGE_COLOURS cache lines of its first page, taken in turn within
+ * the slack its last page leaves (no page more for it: jemalloc's random
+ * offset costs one); a growing block, which has room to spare, also up to
+ * 15 pages in (address space only: they are never touched). The first
+ * region's entry names the colour (LARGE_FIRST | colour, in lines from the
+ * start, or 0 for the start); the header of a block at a bigger alignment
+ * is at the start. */
+#define LARGE_COLOURS      64
+#define LARGE_COLOUR_SIZE  ((size_t)64)
+#define LARGE_PAGE_COLOURS 16
+/* Region payload flag: the mapping's first region, its header's colour in
+ * the low bits. Other regions' payloads (distances back) stay below it:
+ * mappings are at most LARGE_MAP_MAX bytes. */
+#define LARGE_FIRST   ((uint32_t)1 << 23)
+#define LARGE_MAP_MAX ((size_t)(LARGE_FIRST - 1) << HAK_REGION_SHIFT)
+_Static_assert(LARGE_PAGE_COLOURS *HAK_PAGE_SIZE + LARGE_COLOURS * LARGE_COLOUR_SIZE <
+                   HAK_REGION_SIZE / 16,
+               "a header in the first region, a growing block with room");
+
+/* The start of h's mapping: the region h is in. */
+HAK_INLINE uint8_t *large_start(const struct large_hdr *h) {
+    return (uint8_t *)((uintptr_t)h & ~(HAK_REGION_SIZE - 1));
+}
+
+/* h's colour: its distance from the start, in lines. */
+HAK_INLINE uint32_t large_colour_of(const struct large_hdr *h) {
+    return (uint32_t)(((uintptr_t)h & (HAK_REGION_SIZE - 1)) / LARGE_COLOUR_SIZE);
+}
+
+/* Bytes from the start of h's mapping to its block. */
+HAK_INLINE size_t large_lead(const struct large_hdr *h) {
+    return ((uintptr_t)h & (HAK_REGION_SIZE - 1)) + h->offset;
 }
 
 HAK_INLINE uint64_t *large_canary(const void *user) {
@@ -95,9 +138,9 @@ HAK_INLINE uint64_t large_canary_value(void) {
 /* Kernel mappings made so far: each gets the next number. */
 static _Atomic uint64_t large_maps;
 
-/* The guard page of a mapping of `size` bytes at h. */
-HAK_INLINE void *large_guard_page(const void *h, size_t size) {
-    return (uint8_t *)h + size - LARGE_GUARD;
+/* The guard page of a mapping of `size` bytes at `start`. */
+HAK_INLINE void *large_guard_page(const void *start, size_t size) {
+    return (uint8_t *)start + size - LARGE_GUARD;
 }
 
 /* The bytes a mapping of `size` may hold a block in: all but its guard
@@ -113,16 +156,17 @@ HAK_INLINE size_t large_room(const struct large_hdr *h) {
 /* Add a guard page at the end of h's mapping, which ends a kernel mapping
  * (a refusal leaves it without one). */
 static void large_guard(struct large_hdr *h) {
-    if (!h->guarded) h->guarded = os_guard_add(large_guard_page(h, h->map_size), LARGE_GUARD);
+    if (!h->guarded)
+        h->guarded = os_guard_add(large_guard_page(large_start(h), h->map_size), LARGE_GUARD);
     if (h->ready > large_room(h)) h->ready = large_room(h);
 }
 
-/* Take the guard page of the mapping of `size` bytes at h away where it
- * is, if *guarded (a merge: the page is inside the merged mapping); false
+/* Take the guard page of the mapping of `size` bytes at `start` away
+ * where it is, if *guarded (a merge: the page is inside the merged mapping); false
  * when refused: the page may still fault, so the mapping may not be merged.
  * (Before a mapping grows, moves or is trimmed: large_drop_guard.) */
-static bool large_clear_guard(void *h, size_t size, bool *guarded) {
-    if (*guarded && !os_guard_remove(large_guard_page(h, size), LARGE_GUARD)) return false;
+static bool large_clear_guard(void *start, size_t size, bool *guarded) {
+    if (*guarded && !os_guard_remove(large_guard_page(start, size), LARGE_GUARD)) return false;
     *guarded = false;
     return true;
 }
@@ -171,7 +215,7 @@ static _Atomic uint32_t large_growing_live;
 #define LARGE_SHARDS 16
 
 struct large_entry {
-    struct large_hdr *h; /* unreadable once decommitted: the size is here */
+    uint8_t *at; /* the mapping's start (its header: unreadable once decommitted) */
     size_t size;
     uint64_t freed_ms; /* when it was freed; 0: to be unmapped */
     uint64_t seq;      /* order of the frees in its shard (many share a millisecond) */
@@ -180,8 +224,9 @@ struct large_entry {
      * of one merge again, since mremap refuses a range over two. */
     uint64_t map;
     bool decommitted;
-    bool thp;     /* the mapping asked for huge pages */
-    bool guarded; /* its last page is a guard */
+    bool thp;        /* the mapping asked for huge pages */
+    bool guarded;    /* its last page is a guard */
+    uint16_t colour; /* its header's (kept for its next block, if it fits) */
 };
 
 struct large_cache {
@@ -320,41 +365,53 @@ static inline size_t large_offset(size_t align) {
     return align > LARGE_HDR_SIZE ? align : LARGE_HDR_SIZE;
 }
 
+/* Register the mapping of `size` bytes at `start` in the region map, its
+ * header at `colour`; false when it is too big or a leaf cannot be mapped
+ * (nothing marked). Once marked, a range's leaves exist: marking it again
+ * cannot fail. */
+static bool large_mark(void *start, size_t size, uint32_t colour) {
+    if (size > LARGE_MAP_MAX || !rmap_mark_span(start, size, RMAP_LARGE)) return false;
+    if (colour != 0) rmap_set_region(start, RMAP_LARGE, LARGE_FIRST | colour);
+    return true;
+}
+
 /* A fresh mapping of `size` bytes at `map_align`, registered in the region
  * map, with huge pages when `thp` (the kernel backs each 2 MiB-aligned
  * stretch with one page on its first touch: one fault instead of 512; a
- * refusal is fine); NULL with errno ENOMEM when it cannot be had (nothing
- * is left). */
-static struct large_hdr *large_map(size_t size, size_t map_align, bool thp) {
-    struct large_hdr *h = os_map_aligned(size, map_align);
-    if (h && !rmap_mark_span(h, size, RMAP_LARGE)) {
-        os_unmap(h, size);
-        h = NULL;
+ * refusal is fine): its header, at `colour` (no other page of it touched);
+ * NULL with errno ENOMEM when it cannot be had (nothing is left). */
+static struct large_hdr *large_map(size_t size, size_t map_align, bool thp, uint32_t colour) {
+    uint8_t *start = os_map_aligned(size, map_align);
+    if (start && !large_mark(start, size, colour)) {
+        os_unmap(start, size);
+        start = NULL;
     }
-    if (h == NULL) {
+    if (start == NULL) {
         errno = ENOMEM;
         return NULL;
     }
-    h->thp = thp && os_hugepages(h, size); /* what the kernel granted */
+    struct large_hdr *h = (struct large_hdr *)(start + colour * LARGE_COLOUR_SIZE);
+    h->thp = thp && os_hugepages(start, size); /* what the kernel granted */
     h->map = large_map_id();
     return h;
 }
 
-static void large_release(struct large_hdr *h, size_t size) {
-    rmap_clear_span(h, size);
-    os_unmap(h, size);
+static void large_release(void *start, size_t size) {
+    rmap_clear_span(start, size);
+    os_unmap(start, size);
 }
 
-/* Before the mapping of *size bytes at h grows, moves or is trimmed: its
- * guard page, if *guarded, is unmapped, not taken away where it is. A page table left in
- * the region past the last whole one would keep the growth there from being
- * a huge page (a fault per page instead of one). false when refused. */
-static bool large_drop_guard(void *h, size_t *size, bool *guarded) {
+/* Before the mapping of *size bytes at `start` (its header at `colour`)
+ * grows, moves or is trimmed: its guard page, if *guarded, is unmapped, not
+ * taken away where it is. A page table left in the region past the last
+ * whole one would keep the growth there from being a huge page (a fault per
+ * page instead of one). false when refused. */
+static bool large_drop_guard(uint8_t *start, size_t *size, bool *guarded, uint32_t colour) {
     if (!*guarded) return true;
     size_t left = *size - LARGE_GUARD, keep = hak_align_up(left, HAK_REGION_SIZE);
-    if (keep < *size) rmap_clear_span((uint8_t *)h + keep, *size - keep); /* a region of its own */
-    if (!os_unmap(large_guard_page(h, *size), LARGE_GUARD)) {
-        rmap_mark_span(h, *size, RMAP_LARGE); /* cannot fail: the leaves exist */
+    if (keep < *size) rmap_clear_span(start + keep, *size - keep); /* a region of its own */
+    if (!os_unmap(large_guard_page(start, *size), LARGE_GUARD)) {
+        large_mark(start, *size, colour);
         return false;
     }
     *size = left;
@@ -429,11 +486,11 @@ static void large_cache_retire(struct large_cache *lc, const struct large_entry 
     for (uint32_t i = 0; i < n; i++) {
         struct large_entry e = out[i];
         if (e.freed_ms == 0 || e.decommitted || now - e.freed_ms >= 2 * hak_cfg.bigcache_age_ms) {
-            large_release(e.h, e.size);
+            large_release(e.at, e.size);
             continue;
         }
-        if (!os_decommit(e.h, e.size)) { /* locked (mlockall): its pages cannot go */
-            large_release(e.h, e.size);
+        if (!os_decommit(e.at, e.size)) { /* locked (mlockall): its pages cannot go */
+            large_release(e.at, e.size);
             continue;
         }
         /* Back in, as old as it was; dropped if the cache filled meanwhile. */
@@ -448,7 +505,7 @@ static void large_cache_retire(struct large_cache *lc, const struct large_entry 
             kept = true;
         }
         large_shard_unlock(lc);
-        if (!kept) large_release(e.h, e.size);
+        if (!kept) large_release(e.at, e.size);
         any |= kept;
     }
     if (any) large_cache_shed(lc); /* (a put into another shard meanwhile) */
@@ -510,7 +567,7 @@ static void large_cache_shed(const struct large_cache *home) {
         large_shard_lock(from);
         if (from->n > 0) e = large_cache_remove(from, large_cache_oldest(from));
         large_shard_unlock(from);
-        if (e.h != NULL) large_release(e.h, e.size);
+        if (e.at != NULL) large_release(e.at, e.size);
     }
 }
 
@@ -521,22 +578,24 @@ static void large_cache_shed(const struct large_cache *home) {
 static void large_cache_merge(struct large_cache *lc, struct large_entry *e) {
     for (uint32_t i = 0; i < lc->n;) {
         struct large_entry *c = &lc->e[i];
-        bool before = (uint8_t *)c->h + c->size == (uint8_t *)e->h;
-        bool after = (uint8_t *)e->h + e->size == (uint8_t *)c->h;
+        bool before = c->at + c->size == e->at;
+        bool after = e->at + e->size == c->at;
         /* The lower one's guard would be inside (a call, under the lock:
          * merges are rare). */
         if (c->map != e->map || c->decommitted != e->decommitted || c->thp != e->thp ||
             (!before && !after) ||
-            (before ? !large_clear_guard(c->h, c->size, &c->guarded)
-                    : !large_clear_guard(e->h, e->size, &e->guarded))) {
+            (before ? !large_clear_guard(c->at, c->size, &c->guarded)
+                    : !large_clear_guard(e->at, e->size, &e->guarded))) {
             i++;
             continue;
         }
         struct large_entry n = large_cache_remove(lc, i);
-        if (before)
-            e->h = n.h;
-        else
+        if (before) {
+            e->at = n.at;
+            e->colour = n.colour;
+        } else {
             e->guarded = n.guarded;
+        }
         e->size += n.size;
         if (n.seq > e->seq) e->seq = n.seq;
         if (n.freed_ms > e->freed_ms) e->freed_ms = n.freed_ms;
@@ -548,7 +607,7 @@ static void large_cache_merge(struct large_cache *lc, struct large_entry *e) {
 static void large_cache_add_to(struct large_cache *lc, struct large_entry e) {
     struct large_entry old[LARGE_CACHE_N];
     if (e.size > hak_cfg.bigcache_bytes) {
-        large_release(e.h, e.size);
+        large_release(e.at, e.size);
         return;
     }
     large_shard_lock(lc);
@@ -557,7 +616,7 @@ static void large_cache_add_to(struct large_cache *lc, struct large_entry e) {
     large_cache_merge(lc, &e);
     if (e.size > hak_cfg.bigcache_bytes) {
         large_shard_unlock(lc);
-        large_release(e.h, e.size);
+        large_release(e.at, e.size);
         return;
     }
     uint32_t nold = large_cache_room(lc, e.size, old);
@@ -580,9 +639,10 @@ static void large_cache_add(struct large_entry e) {
 }
 
 static void large_cache_add_rest(struct large_entry e, size_t keep) {
-    struct large_hdr *rest = (struct large_hdr *)((uint8_t *)e.h + keep);
-    rmap_mark_span(rest, e.size - keep, RMAP_LARGE); /* cannot fail: the leaves exist */
-    e.h = rest;
+    uint8_t *rest = e.at + keep;
+    large_mark(rest, e.size - keep, 0); /* cannot fail: the leaves exist */
+    e.at = rest;
+    e.colour = 0;
     e.size -= keep;
     large_cache_add(e);
 }
@@ -599,7 +659,7 @@ static uint32_t large_cache_pick(const struct large_cache *lc, size_t need, size
     uint32_t fit = LARGE_CACHE_N, grow = LARGE_CACHE_N, cold = LARGE_CACHE_N;
     for (uint32_t i = 0; i < lc->n; i++) {
         const struct large_entry *e = &lc->e[i];
-        if (((uintptr_t)e->h & (map_align - 1)) != 0 || (small_pages && e->thp)) continue;
+        if (((uintptr_t)e->at & (map_align - 1)) != 0 || (small_pages && e->thp)) continue;
         /* A request below a region (with its guard page, were it fresh)
          * would keep a whole region of a bigger entry (a split leaves
          * region-aligned parts): not more than 4x. */
@@ -638,7 +698,7 @@ static struct large_entry large_cache_pick_any(size_t need, size_t map_align, bo
             uint32_t i = large_cache_pick(lc, need, map_align, small_pages, &fits);
             if (i != LARGE_CACHE_N && (fits || pass == 1)) got = large_cache_remove(lc, i);
             large_shard_unlock(lc);
-            if (got.h != NULL) return got;
+            if (got.at != NULL) return got;
         }
     }
     return got;
@@ -656,35 +716,35 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
                                           size_t *clean) {
     struct large_entry got = large_cache_pick_any(need, map_align, small_pages);
     large_age_look(hak_now_ms(), true);
-    if (got.h == NULL) return NULL;
+    if (got.at == NULL) return NULL;
 
-    struct large_hdr *h = got.h;
+    uint8_t *start = got.at;
     *clean = got.decommitted ? 0 : got.size;
     bool grown = large_room_of(got.size, got.guarded) < need;
     if (grown) {
         /* Grown where it is, or its pages moved to a new mapping; its guard
          * page would be inside. */
-        if (!large_drop_guard(h, &got.size, &got.guarded)) {
-            large_release(h, got.size);
+        if (!large_drop_guard(start, &got.size, &got.guarded, got.colour)) {
+            large_release(start, got.size);
             return NULL;
         }
         need += LARGE_GUARD;
         int saved = errno; /* a refusal is no failure of malloc */
-        if (os_resize(h, got.size, need)) {
-            if (got.thp) os_hugepages(h, need); /* the part added too */
+        if (os_resize(start, got.size, need)) {
+            if (got.thp) os_hugepages(start, need); /* the part added too */
         } else {
             /* (The move keeps the moved mapping's own huge-page setting.) */
-            struct large_hdr *dst = large_map(need, map_align, false);
-            rmap_clear_span(h, got.size);
-            if (dst == NULL || !os_move(h, got.size, need, dst)) {
+            uint8_t *dst = (uint8_t *)large_map(need, map_align, false, 0);
+            rmap_clear_span(start, got.size);
+            if (dst == NULL || !os_move(start, got.size, need, dst)) {
                 /* (mremap refuses a range of two merged mappings.) */
                 if (dst) large_release(dst, need);
-                rmap_mark_span(h, got.size, RMAP_LARGE); /* cannot fail: the leaves exist */
+                large_mark(start, got.size, got.colour); /* cannot fail: the leaves exist */
                 large_cache_add(got);
                 errno = saved;
                 return NULL;
             }
-            h = dst;
+            start = dst;
             got.map = large_map_id(); /* a kernel mapping of its own now */
         }
         errno = saved;
@@ -701,10 +761,11 @@ static struct large_hdr *large_cache_take(size_t need, size_t map_align, bool sm
     }
     /* Its regions may have pointed to the header of the mapping it was cut
      * from. Cannot fail: their leaves exist (or the growth made them). */
-    if (!rmap_mark_span(h, got.size, RMAP_LARGE)) {
-        large_release(h, got.size);
+    if (!large_mark(start, got.size, got.colour)) {
+        large_release(start, got.size);
         return NULL;
     }
+    struct large_hdr *h = (struct large_hdr *)(start + got.colour * LARGE_COLOUR_SIZE);
     h->map_size = got.size;
     h->map = got.map;
     h->thp = got.thp;
@@ -726,7 +787,7 @@ static struct large_entry large_cache_claim(const void *at, size_t min, uint64_t
         bool found = false;
         large_shard_lock(lc);
         for (uint32_t i = 0; i < lc->n && !found; i++) {
-            if (lc->e[i].h != at) continue;
+            if (lc->e[i].at != at) continue;
             found = true;
             if (lc->e[i].size >= min && lc->e[i].map == map && lc->e[i].thp == thp)
                 got = large_cache_remove(lc, i);
@@ -740,7 +801,8 @@ static struct large_entry large_cache_claim(const void *at, size_t min, uint64_t
 /* Keep h for reuse. */
 /* Keep h, freed at `freed_ms`, for reuse. */
 static void large_cache_put_at(struct large_hdr *h, uint64_t freed_ms, struct large_cache *lc) {
-    large_cache_add_to(lc, (struct large_entry){.h = h,
+    large_cache_add_to(lc, (struct large_entry){.at = large_start(h),
+                                                .colour = (uint16_t)large_colour_of(h),
                                                 .size = h->map_size,
                                                 .freed_ms = freed_ms,
                                                 .map = h->map,
@@ -769,7 +831,7 @@ static void large_set_map_size(struct large_hdr *h, size_t size, bool guarded, b
 /* Growing block h, asked for n bytes, now needs `need` from its start (past
  * h->ready, within its room; h->req is still the size before). A buffer growing by small
  * appends (steps of at most 1/32 of it) writes every byte: its pages up to `need` and a
- * window ahead (half as much again, 8 KiB to 256 KiB) come in with one call,
+ * window ahead (half its size again, 8 KiB to 256 KiB) come in with one call,
  * where it would take a page fault per page, each a trip into the kernel (in
  * a virtual machine, ~12 us here; a populate call costs ~1 us a page). After
  * a bigger step (a vector doubling; CPython's lists and string writers, which
@@ -778,25 +840,70 @@ static void large_set_map_size(struct large_hdr *h, size_t size, bool guarded, b
  * pages fault in as touched, as they would without this. */
 static void large_populate(struct large_hdr *h, size_t n, size_t need) {
     size_t step = n > h->req ? n - h->req : 0;
-    if (step > need / 32 || need - h->ready > LARGE_AHEAD_MAX) {
+    if (step > n / 32 || need - h->ready > LARGE_AHEAD_MAX) {
         h->ready = need;
         return;
     }
-    size_t ahead = need / 2;
+    size_t ahead = n / 2;
     ahead = ahead < LARGE_AHEAD_MIN   ? LARGE_AHEAD_MIN
             : ahead > LARGE_AHEAD_MAX ? LARGE_AHEAD_MAX
                                       : ahead;
     size_t to = hak_align_up(need + ahead, HAK_PAGE_SIZE);
     if (to > large_room(h)) to = large_room(h);
     assert(h->ready % HAK_PAGE_SIZE == 0 && to % HAK_PAGE_SIZE == 0); /* (madvise wants pages) */
-    os_populate((uint8_t *)h + h->ready, to - h->ready);              /* refused: they fault in */
+    os_populate(large_start(h) + h->ready, to - h->ready);            /* refused: they fault in */
     h->ready = to;
 }
 
+/* Each thread's turn of header colours. */
+static __thread uint32_t large_colour_turn;
+
+/* The colour for a block of `size` bytes at `off` from its header, in a
+ * mapping with `room` (growing: large_alloc_growing's), at most `keep`
+ * (the block's colour now, kept when it is not the start and fits); the
+ * next in turn that fits otherwise (the start if none). Only a block at the
+ * tier's own alignment has one. What fits is the slack: what the block's
+ * last page has past its end, or for a growing block its whole room. */
+static uint32_t large_colour_for(size_t off, size_t size, size_t room, bool growing,
+                                 uint32_t keep) {
+    if (off != LARGE_HDR_SIZE) return 0;
+    size_t end = off + (size ? size : 1);
+    size_t lines = ((growing ? room : hak_align_up(end, HAK_PAGE_SIZE)) - end) / LARGE_COLOUR_SIZE;
+    if (keep != 0 && keep <= lines) return keep;
+    if (lines == 0) return 0;
+    uint32_t most = lines < LARGE_COLOURS - 1 ? (uint32_t)lines : LARGE_COLOURS - 1;
+    uint32_t c = 1 + ++large_colour_turn % most;
+    /* A growing block also c % LARGE_PAGE_COLOURS pages in (at most 60 KiB
+     * of its room): the pages of blocks grown side by side then differ in
+     * the bits above 4 KiB too. */
+    size_t pages = growing ? c % LARGE_PAGE_COLOURS : 0;
+    if (pages * (HAK_PAGE_SIZE / LARGE_COLOUR_SIZE) + c <= lines)
+        c += (uint32_t)(pages * (HAK_PAGE_SIZE / LARGE_COLOUR_SIZE));
+    return c;
+}
+
+/* Mapping h's header (at its start, at the colour large_map gave it, or
+ * where its last block had it) moved to the colour of a block of `size`
+ * bytes at `off` from it (large_colour_for), and returned. A header moved
+ * leaves no magic behind. */
+static struct large_hdr *large_place(struct large_hdr *h, size_t off, size_t size, bool growing) {
+    uint32_t now = large_colour_of(h);
+    uint32_t c = large_colour_for(off, size, large_room(h), growing, now);
+    if (c == now) return h;
+    uint8_t *start = large_start(h);
+    struct large_hdr *to = (struct large_hdr *)(start + c * LARGE_COLOUR_SIZE);
+    *to = *h; /* (a line apart at least: no overlap) */
+    h->magic = 0;
+    rmap_set_region(start, RMAP_LARGE, c != 0 ? LARGE_FIRST | c : 0); /* (its leaf exists) */
+    return to;
+}
+
 /* Mapping h (its map_size, thp and guarded set) becomes the live block of
- * `size` bytes at offset `off`. `clean`: as large_cache_take's. */
+ * `size` bytes at offset `off` from its header (large_place's). `clean`: as
+ * large_cache_take's. */
 static void *large_open(struct large_hdr *h, size_t off, size_t size, bool growing, bool zero,
                         size_t clean) {
+    h = large_place(h, off, size, growing);
     h->magic = LARGE_LIVE;
     h->offset = off;
     *large_canary(large_user(h)) = large_canary_value();
@@ -807,9 +914,12 @@ static void *large_open(struct large_hdr *h, size_t off, size_t size, bool growi
     /* A growing block's pages come in by large_populate as it grows, unless
      * a cached mapping had them already (`clean` may count the part a split
      * left in the cache); any other block's as touched. */
-    size_t room = large_room(h);
+    size_t room = large_room(h), lead = large_lead(h);
+    size_t first = (lead - off) & ~(HAK_PAGE_SIZE - 1); /* its header's page */
     h->ready = growing && clean < room ? clean : room;
-    if (zero && clean > off) memset(large_user(h), 0, clean - off < size ? clean - off : size);
+    /* (The pages before its header's are not the block's: none to bring in.) */
+    if (h->ready < first) h->ready = first;
+    if (zero && clean > lead) memset(large_user(h), 0, clean - lead < size ? clean - lead : size);
     large_add(LC_ALLOCS, 1);
     large_live_add((int64_t)h->map_size);
     return large_user(h);
@@ -1157,8 +1267,8 @@ static struct large_hdr *large_tc_take(size_t need, size_t map_align) {
         struct large_hdr *h = atomic_load_explicit(&t->slot[i], memory_order_relaxed);
         if (h == NULL) continue;
         size_t room = t->room[i];
-        if (((uintptr_t)h & (map_align - 1)) == 0 && room >= need && room / 2 <= need &&
-            room < best_room)
+        if (((uintptr_t)large_start(h) & (map_align - 1)) == 0 && room >= need &&
+            room / 2 <= need && room < best_room)
             best = i, best_room = room;
     }
     struct large_hdr *h = best != LARGE_TC_N ? large_tc_empty(t, best) : NULL;
@@ -1292,7 +1402,8 @@ static void large_tc_release(void) {
 
 static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
     size_t off = large_offset(align);
-    if (off > HAK_MAX_REQUEST / 2 || size > HAK_MAX_REQUEST - off - HAK_PAGE_SIZE) {
+    /* (A mapping of room, guard page and region rounding fits LARGE_MAP_MAX.) */
+    if (off > LARGE_MAP_MAX / 2 || size > LARGE_MAP_MAX - off - 2 * HAK_REGION_SIZE) {
         errno = ENOMEM;
         return NULL;
     }
@@ -1330,13 +1441,14 @@ static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) 
          * address-space limit: there this made CPython's second fill in
          * tests/oom get 21% less, a cause not yet understood). */
         if (thp && !h->thp && os_as_limit_recent() == SIZE_MAX)
-            h->thp = os_hugepages(h, h->map_size);
+            h->thp = os_hugepages(large_start(h), h->map_size);
     } else {
         /* Room to grow costs 2 MiB of fresh address space: not under a limit
          * on it (looked up only here: it is a system call). */
         if (growing && os_as_limit() != SIZE_MAX) return NULL;
         /* (Its guard page past its room: out of its last huge page.) */
-        if ((h = large_map(room + LARGE_GUARD, map_align, thp)) == NULL) return NULL;
+        uint32_t colour = large_colour_for(off, size, room, growing, 0);
+        if ((h = large_map(room + LARGE_GUARD, map_align, thp, colour)) == NULL) return NULL;
         h->map_size = room + LARGE_GUARD;
         h->guarded = false;
         large_guard(h);
@@ -1475,8 +1587,14 @@ large_reject(const void *p, const struct large_hdr *h, const char *fn) {
 
 /* The header of the mapping p is in (region entry RMAP_LARGE). */
 HAK_INLINE struct large_hdr *large_mapping_of(const void *p, uint32_t entry) {
-    uintptr_t back = (uintptr_t)rmap_payload(entry) << HAK_REGION_SHIFT;
-    return (struct large_hdr *)(rmap_region_base(p) - back);
+    uint32_t pl = rmap_payload(entry);
+    uintptr_t base = rmap_region_base(p);
+    /* The first region names the colour; any other, its distance back to
+     * the start (a header there: a block at a bigger alignment's; for a
+     * pointer into a coloured one's, a line that says no block). */
+    if (pl & LARGE_FIRST)
+        return (struct large_hdr *)(base + (pl - LARGE_FIRST) * LARGE_COLOUR_SIZE);
+    return (struct large_hdr *)(base - ((uintptr_t)pl << HAK_REGION_SHIFT));
 }
 
 HAK_INLINE bool large_hdr_live(const struct large_hdr *h, const void *p) {
@@ -1489,6 +1607,23 @@ HAK_INLINE struct large_hdr *large_header(const void *p, uint32_t entry, const c
     struct large_hdr *h = large_mapping_of(p, entry);
     if (hak_unlikely(!large_hdr_live(h, p))) large_reject(p, h, fn);
     return h;
+}
+
+bool large_span_of(const void *p, uint32_t entry, void **start, size_t *size) {
+    const struct large_hdr *h = large_mapping_of(p, entry);
+    if (!large_hdr_live(h, p)) return false;
+    *start = large_start(h);
+    *size = h->map_size;
+    return true;
+}
+
+bool large_mapping_at(const void *start, uint32_t e, size_t *size) {
+    uint32_t pl = rmap_payload(e);
+    if (rmap_kind_of(e) != RMAP_LARGE || ((uintptr_t)start & (HAK_REGION_SIZE - 1)) != 0 ||
+        (pl != 0 && !(pl & LARGE_FIRST)))
+        return false;
+    *size = large_mapping_of(start, e)->map_size;
+    return true;
 }
 
 bool large_is_live(const void *p, uint32_t entry, size_t *req) {
@@ -1519,23 +1654,29 @@ size_t large_usable_size(const void *p, uint32_t entry, const char *fn) {
      * slack, huge-page rounding): programs that count their memory by it
      * (redis's used_memory, and its maxmemory evictions) would count that
      * room as used. */
-    return hak_align_up(h->offset + (h->req ? h->req : 1), HAK_PAGE_SIZE) - h->offset;
+    size_t lead = large_lead(h);
+    return hak_align_up(lead + (h->req ? h->req : 1), HAK_PAGE_SIZE) - lead;
 }
 
 /* Move block h's pages into a fresh aligned mapping of `need` bytes, for a
  * request of n: its header there (no guard page yet), or NULL. */
 static struct large_hdr *large_move(struct large_hdr *h, size_t need, size_t n) {
     size_t off = h->offset, old = h->map_size;
+    uint8_t *start = large_start(h);
+    uint32_t colour = large_colour_of(h);
     /* (The move keeps the mapping's own huge-page setting.) */
-    struct large_hdr *dst = large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0), false);
-    if (dst == NULL) return NULL;
-    rmap_clear_span(h, old);
-    if (!os_move(h, old, need, dst)) {
-        rmap_mark_span(h, old, RMAP_LARGE);
-        rmap_clear_span(dst, need);
-        os_unmap(dst, need);
+    uint8_t *to =
+        (uint8_t *)large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0), false, 0);
+    if (to == NULL) return NULL;
+    rmap_clear_span(start, old);
+    if (!os_move(start, old, need, to)) {
+        large_mark(start, old, colour);
+        large_release(to, need);
         return NULL;
     }
+    /* The header came along, at its colour. Cannot fail: the leaves exist. */
+    large_mark(to, need, colour);
+    struct large_hdr *dst = (struct large_hdr *)(to + colour * LARGE_COLOUR_SIZE);
     large_set_map_size(dst, need, false, false); /* the pages it had came along */
     dst->req = n;
     dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
@@ -1553,12 +1694,13 @@ static bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
     /* (At least the room wanted, whether the rest has the guard page or
      * not.) */
     struct large_entry got =
-        large_cache_claim((uint8_t *)h + old, pages - old + LARGE_GUARD, h->map, h->thp);
+        large_cache_claim(large_start(h) + old, pages - old + LARGE_GUARD, h->map, h->thp);
     if (got.size == 0) return false;
     size_t size = old + got.size, keep = hak_align_up(pages, HAK_REGION_SIZE);
     bool guarded = got.guarded;
     if (size > keep && size - keep >= HAK_REGION_SIZE) {
-        got.h = h;
+        got.at = large_start(h);
+        got.colour = (uint16_t)large_colour_of(h);
         got.size = size;
         large_cache_add_rest(got, keep);
         size = keep;
@@ -1566,7 +1708,7 @@ static bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
     }
     /* Its regions pointed to its own header: now to h's. Cannot fail (the
      * leaves exist). */
-    rmap_mark_span(h, size, RMAP_LARGE);
+    large_mark(large_start(h), size, large_colour_of(h));
     large_set_map_size(h, size, guarded, !got.decommitted);
     large_add(LC_INPLACE, 1);
     large_live_add((int64_t)size - (int64_t)old);
@@ -1579,21 +1721,23 @@ static bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
  * a kernel mapping; NULL when it cannot grow (h as it was). */
 static struct large_hdr *large_remap(struct large_hdr *h, size_t n, size_t need) {
     size_t old = h->map_size;
+    uint8_t *start = large_start(h);
+    uint32_t colour = large_colour_of(h);
     /* Region-map entries of a range are always cleared before the range is
      * given up, so another thread mapping it next never has its fresh
      * entries erased. Re-marking after a failure cannot fail: the leaves
      * exist already. */
     if (need < old) {
         size_t keep = hak_align_up(need, HAK_REGION_SIZE);
-        if (keep < old) rmap_clear_span((uint8_t *)h + keep, old - keep);
-        if (!os_resize(h, old, need)) {
-            rmap_mark_span(h, old, RMAP_LARGE);
+        if (keep < old) rmap_clear_span(start + keep, old - keep);
+        if (!os_resize(start, old, need)) {
+            large_mark(start, old, colour);
             h->req = n;
             return h; /* keep the bigger mapping */
         }
-    } else if (os_resize(h, old, need)) {
-        if (!rmap_mark_span(h, need, RMAP_LARGE)) {
-            os_resize(h, need, old); /* cannot register the growth: undo it */
+    } else if (os_resize(start, old, need)) {
+        if (!large_mark(start, need, colour)) {
+            os_resize(start, need, old); /* cannot register the growth: undo it */
             return NULL;
         }
     } else {
@@ -1606,7 +1750,7 @@ static struct large_hdr *large_remap(struct large_hdr *h, size_t n, size_t need)
     return h;
 }
 
-/* large_realloc of h to n bytes (`pages` from its header), but for growth
+/* large_realloc of h to n bytes (`pages` from its start), but for growth
  * within the pages it has. */
 __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t n, size_t pages) {
     size_t room = large_room(h);
@@ -1630,7 +1774,8 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
     /* The mapping's end moves: its guard page goes first (mremap refuses a
      * range that mprotect split), and comes at the new end. */
     size_t had = h->map_size;
-    if (!large_drop_guard(h, &h->map_size, &h->guarded)) return NULL;
+    if (!large_drop_guard(large_start(h), &h->map_size, &h->guarded, large_colour_of(h)))
+        return NULL;
     large_live_add((int64_t)h->map_size - (int64_t)had);
     int saved = errno; /* a failed in-place attempt must not show in errno */
     struct large_hdr *to = large_remap(h, n, pages + LARGE_GUARD);
@@ -1644,7 +1789,7 @@ __attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t 
     return large_user(to);
 }
 
-/* large_realloc of block p, header h, to n bytes (`pages` from its header). */
+/* large_realloc of block p, header h, to n bytes (`pages` from its start). */
 HAK_INLINE void *large_realloc_to(struct large_hdr *h, void *p, size_t n, size_t pages) {
     /* The common case of a growing buffer: it fits in the pages it has; no
      * call, no lock. (p, not large_user: a pointer the caller writes through
@@ -1692,9 +1837,10 @@ static __attribute__((noinline)) void *large_realloc_profiled(struct large_hdr *
 
 void *large_realloc(void *p, uint32_t entry, size_t n) {
     struct large_hdr *h = large_header(p, entry, "realloc");
-    size_t off = h->offset;
-    if (n > HAK_MAX_REQUEST - off - 2 * HAK_PAGE_SIZE) return NULL; /* the caller's malloc fails */
-    size_t pages = hak_align_up(off + n, HAK_PAGE_SIZE);
+    size_t lead = large_lead(h);
+    /* (Beyond it, the caller's malloc fails.) */
+    if (n > LARGE_MAP_MAX - lead - 2 * HAK_REGION_SIZE) return NULL;
+    size_t pages = hak_align_up(lead + n, HAK_PAGE_SIZE);
     if (hak_unlikely(prof_on)) return large_realloc_profiled(h, p, n, pages);
     return large_realloc_to(h, p, n, pages);
 }
@@ -1726,7 +1872,7 @@ bool large_trim(void) {
     struct large_hdr *spare[LARGE_SPARES];
     uint32_t nspare = large_spare_drain(spare);
     for (uint32_t i = 0; i < nspare; i++)
-        large_release(spare[i], spare[i]->map_size);
+        large_release(large_start(spare[i]), spare[i]->map_size);
     uint32_t n = 0;
     for (uint32_t s = 0; s < LARGE_SHARDS; s++) {
         struct large_cache *lc = &large_caches[s];
@@ -1738,7 +1884,7 @@ bool large_trim(void) {
         lc->bytes = 0;
         large_shard_unlock(lc);
         for (uint32_t i = 0; i < k; i++)
-            large_release(all[i].h, all[i].size);
+            large_release(all[i].at, all[i].size);
         n += k;
     }
     return n + nspare > 0;

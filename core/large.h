@@ -1,5 +1,6 @@
-/* Large tier, above HAK_SMALL_MAX: one mapping per block, a 64-byte header at
- * the mapping's start, the block after it (or at the requested alignment).
+/* Large tier, above HAK_SMALL_MAX: one mapping per block, a 64-byte header in
+ * the mapping's first region (at its start, or at a colour: large.c), the
+ * block after it (or at the requested alignment).
  * Freed mappings wait in a BigCache (bounded in entries and bytes,
  * decommitted and then unmapped when they stay unused) that serves any
  * size: a bigger mapping is split at a region boundary (no syscall), a
@@ -44,6 +45,14 @@ bool large_is_live(const void *p, uint32_t entry, size_t *req);
  * neither works or n is a small tier's size that does not fit in place: the
  * caller then copies the block (into its class, or a new block). */
 void *large_realloc(void *p, uint32_t entry, size_t n);
+
+/* For the fuzz harness, which unmaps what a munmap it failed on purpose left
+ * behind: the start and size of the mapping of live block p (region entry
+ * RMAP_LARGE), false when p is none; and whether a mapping of the tier
+ * (a live block's or a cached one) starts at `start` (region entry `e`
+ * there), its size then in *size (0 when its pages were decommitted). */
+bool large_span_of(const void *p, uint32_t entry, void **start, size_t *size);
+bool large_mapping_at(const void *start, uint32_t e, size_t *size);
 
 /* Unmap every cached mapping; true when something was released. */
 bool large_trim(void);

@@ -37,6 +37,7 @@
 #endif
 #include "box/os.h"
 #include "box/rmap.h"
+#include "large.h"
 #include "sizeclass.h"
 #include "superslab/ss.h"
 
@@ -55,10 +56,10 @@
 #define FZ_UNUSED __attribute__((unused))
 /* Pattern loops: no ASan checks (hakmem's memory is not poisoned anyway) and
  * no coverage feedback (comparisons of pattern words are no signal). */
-#define FZ_NOSAN  __attribute__((no_sanitize("address", "undefined", "coverage")))
+#define FZ_NOSAN __attribute__((no_sanitize("address", "undefined", "coverage")))
 
-#define FZ_KiB ((size_t)1024)
-#define FZ_MiB (FZ_KiB * 1024)
+#define FZ_KiB  ((size_t)1024)
+#define FZ_MiB  (FZ_KiB * 1024)
 #define FZ_PAGE ((size_t)4096)
 
 /* Requests up to this are expected to succeed (unless a fault was injected
@@ -160,9 +161,22 @@ enum fz_fn {
     F_EXIT,
 };
 static const char *const fz_fn_name[] = {
-    "malloc",    "calloc",     "realloc",  "reallocarray",       "aligned_alloc",
-    "posix_memalign", "memalign", "valloc", "pvalloc", "free", "free_sized",
-    "free_aligned_sized", "malloc_usable_size", "malloc_trim", "func", "exit",
+    "malloc",
+    "calloc",
+    "realloc",
+    "reallocarray",
+    "aligned_alloc",
+    "posix_memalign",
+    "memalign",
+    "valloc",
+    "pvalloc",
+    "free",
+    "free_sized",
+    "free_aligned_sized",
+    "malloc_usable_size",
+    "malloc_trim",
+    "func",
+    "exit",
 };
 
 struct fz_call {
@@ -173,8 +187,8 @@ struct fz_call {
     void *ret;
     size_t usable;
     int rc;
-    int err;       /* errno after the call */
-    uint64_t inj;  /* OS failures injected during the call */
+    int err;      /* errno after the call */
+    uint64_t inj; /* OS failures injected during the call */
     void (*func)(void *);
     void *arg;
 };
@@ -314,16 +328,10 @@ static FZ_UNUSED void fz_worker_exit(void) {
  * When an injected failure makes os_unmap skip its munmap, hakmem has already
  * forgotten the mapping (as it must: the kernel said no): a Large block of
  * tens of MiB stays resident for good, and a long run dies of its RSS limit.
- * The harness remembers the Large mappings of the blocks it frees (read from
- * the block's header, mirrored from core/large.c) and, after a call during
+ * The harness remembers the Large mappings of the blocks it frees (as the
+ * tier tells them: large_span_of) and, after a call during
  * which a munmap was failed on purpose, unmaps those hakmem no longer knows
  * (no RMAP_LARGE entry) that are still mapped in full. */
-struct fz_large_hdr { /* core/large.c: struct large_hdr */
-    uint64_t magic;
-    void *user;
-    size_t map_size;
-    size_t offset;
-};
 struct fz_cand {
     uintptr_t h;
     size_t size;
@@ -336,20 +344,20 @@ static uint64_t fz_reclaimed, fz_reclaimed_bytes, fz_unmap_failed_seen;
 /* p, a live Large block, is about to be freed or reallocated. */
 static void fz_note_large(const void *p) {
     uint32_t e = rmap_get(p);
-    if (rmap_kind_of(e) != RMAP_LARGE) return;
-    uintptr_t h = rmap_region_base(p) - ((uintptr_t)rmap_payload(e) << HAK_REGION_SHIFT);
-    const struct fz_large_hdr *hd = (const struct fz_large_hdr *)h;
-    if (hd->user != p || hd->map_size == 0 || hd->map_size % FZ_PAGE) return;
+    void *start;
+    size_t size;
+    if (rmap_kind_of(e) != RMAP_LARGE || !large_span_of(p, e, &start, &size)) return;
+    uintptr_t h = (uintptr_t)start;
     unsigned k = 0; /* drop any that overlaps (stale) */
     for (unsigned i = 0; i < fz_ncands; i++)
-        if (fz_cands[i].h + fz_cands[i].size <= h || h + hd->map_size <= fz_cands[i].h)
+        if (fz_cands[i].h + fz_cands[i].size <= h || h + size <= fz_cands[i].h)
             fz_cands[k++] = fz_cands[i];
     fz_ncands = k;
     if (fz_ncands == FZ_NCANDS) { /* forget the oldest */
         memmove(fz_cands, fz_cands + 1, (FZ_NCANDS - 1) * sizeof fz_cands[0]);
         fz_ncands--;
     }
-    fz_cands[fz_ncands++] = (struct fz_cand){h, hd->map_size};
+    fz_cands[fz_ncands++] = (struct fz_cand){h, size};
 }
 
 /* Is [h, h+size) mapped from end to end? */
@@ -372,10 +380,9 @@ static void fz_reclaim(bool leaked) {
     unsigned k = 0;
     for (unsigned i = 0; i < fz_ncands; i++) {
         struct fz_cand c = fz_cands[i];
-        uint32_t e = rmap_get((void *)c.h);
-        if (rmap_kind_of(e) == RMAP_LARGE && rmap_payload(e) == 0) {
-            const struct fz_large_hdr *hd = (const struct fz_large_hdr *)c.h;
-            if (hd->map_size && hd->map_size % FZ_PAGE == 0) c.size = hd->map_size;
+        size_t size;
+        if (large_mapping_at((void *)c.h, rmap_get((void *)c.h), &size)) {
+            if (size && size % FZ_PAGE == 0) c.size = size;
             fz_cands[k++] = c; /* hakmem's still: live or cached */
             continue;
         }
@@ -386,7 +393,8 @@ static void fz_reclaim(bool leaked) {
             anyones = rmap_get((void *)r) != 0;
         if (leaked && !anyones && fz_mapped(c.h, c.size)) {
             if (getenv("FUZZ_DEBUG_RECLAIM"))
-                fprintf(stderr, "fuzz harness: unmapping leaked %#lx + %zu\n", (unsigned long)c.h, c.size);
+                fprintf(stderr, "fuzz harness: unmapping leaked %#lx + %zu\n", (unsigned long)c.h,
+                        c.size);
             munmap((void *)c.h, c.size);
             fz_reclaimed++;
             fz_reclaimed_bytes += c.size;
@@ -414,8 +422,8 @@ static void fz_call_on(struct fz_call *c, bool worker) {
 /* ---- the model ------------------------------------------------------------------ */
 
 enum fz_kind { K_MALLOC, K_CALLOC, K_REALLOC, K_ALIGNED, K_POSIX, K_MEMALIGN, K_VALLOC, K_PVALLOC };
-static const char *const fz_kind_name[] = {"malloc",   "calloc",   "realloc", "aligned_alloc",
-                                           "posix_memalign", "memalign", "valloc", "pvalloc"};
+static const char *const fz_kind_name[] = {"malloc",         "calloc",   "realloc", "aligned_alloc",
+                                           "posix_memalign", "memalign", "valloc",  "pvalloc"};
 
 struct fz_blk {
     uint8_t *p; /* NULL: slot empty */
@@ -463,7 +471,8 @@ static void fz_trace(struct fz *m, const char *fmt, ...) {
     m->ntrace++;
 }
 
-static _Noreturn void fz_fail(struct fz *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static _Noreturn void fz_fail(struct fz *m, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static _Noreturn void fz_fail(struct fz *m, const char *fmt, ...) {
     fprintf(stderr, "\n==== hakmem fuzz: MODEL VIOLATION ====\n");
     va_list ap;
@@ -479,8 +488,8 @@ static _Noreturn void fz_fail(struct fz *m, const char *fmt, ...) {
         const struct fz_blk *b = &m->s[i];
         if (b->p)
             fprintf(stderr, "  slot %d: %p req %zu usable %zu align %zu %s tier %s%s\n", i,
-                    (void *)b->p, b->req, b->usable, b->align, fz_kind_name[b->kind], fz_tier_name[b->tier],
-                    b->by_worker ? " (worker)" : "");
+                    (void *)b->p, b->req, b->usable, b->align, fz_kind_name[b->kind],
+                    fz_tier_name[b->tier], b->by_worker ? " (worker)" : "");
     }
     fflush(stderr);
     abort();
@@ -556,11 +565,65 @@ static void fz_check_all(struct fz *m, bool full) {
 /* ---- decoding sizes and alignments ------------------------------------------------- */
 
 static const size_t fz_edges[] = {
-    0, 1, 8, 15, 16, 17, 31, 32, 33, 48, 64, 100, 128, 129, 256, 512, 1000, 1023, 1024, 1025,
-    1280, 2048, 4095, 4096, 4097, 8191, 8192, 8193, 10240, 12288, 16384, 24576, 32768, 49152,
-    53247, 53248, 53249, 57344, 65536, 65537, 131072, 262144, 262145, 524288, 786432, 917504,
-    1048575, 1048576, 1048577, 1048576 + 4096, (2 << 20) - 64, 2 << 20, (2 << 20) + 1,
-    (4 << 20) - 4096 - 64, 4 << 20, 8 << 20, (16 << 20) + 12345, 32 << 20, 48 << 20,
+    0,
+    1,
+    8,
+    15,
+    16,
+    17,
+    31,
+    32,
+    33,
+    48,
+    64,
+    100,
+    128,
+    129,
+    256,
+    512,
+    1000,
+    1023,
+    1024,
+    1025,
+    1280,
+    2048,
+    4095,
+    4096,
+    4097,
+    8191,
+    8192,
+    8193,
+    10240,
+    12288,
+    16384,
+    24576,
+    32768,
+    49152,
+    53247,
+    53248,
+    53249,
+    57344,
+    65536,
+    65537,
+    131072,
+    262144,
+    262145,
+    524288,
+    786432,
+    917504,
+    1048575,
+    1048576,
+    1048577,
+    1048576 + 4096,
+    (2 << 20) - 64,
+    2 << 20,
+    (2 << 20) + 1,
+    (4 << 20) - 4096 - 64,
+    4 << 20,
+    8 << 20,
+    (16 << 20) + 12345,
+    32 << 20,
+    48 << 20,
 };
 #define FZ_NEDGES (sizeof fz_edges / sizeof fz_edges[0])
 
@@ -642,9 +705,28 @@ static size_t fz_align(struct fz_in *in) {
         return (m >> 4) % 3 == 0 ? a - 1 : (m >> 4) % 3 == 1 ? a + 1 : 3 * a;
     }
     case 4: {
-        static const size_t odd[] = {0,  1,  2,  3,  4,  5,  6,  7,  8,  12, 24, 48, 100, 4095,
-                                     SIZE_MAX, SIZE_MAX / 2, SIZE_MAX / 2 + 1, SIZE_MAX / 2 + 2,
-                                     (size_t)1 << 62, ((size_t)1 << 62) + 1, 1u << 20, 1u << 21};
+        static const size_t odd[] = {0,
+                                     1,
+                                     2,
+                                     3,
+                                     4,
+                                     5,
+                                     6,
+                                     7,
+                                     8,
+                                     12,
+                                     24,
+                                     48,
+                                     100,
+                                     4095,
+                                     SIZE_MAX,
+                                     SIZE_MAX / 2,
+                                     SIZE_MAX / 2 + 1,
+                                     SIZE_MAX / 2 + 2,
+                                     (size_t)1 << 62,
+                                     ((size_t)1 << 62) + 1,
+                                     1u << 20,
+                                     1u << 21};
         return odd[v % (sizeof odd / sizeof odd[0])];
     }
     default:
@@ -735,16 +817,17 @@ static void fz_take(struct fz *m, int slot, uint8_t *p, size_t req, size_t align
                     bool zero, size_t keep, uint64_t old_seed, bool worker, bool maybe) {
     size_t want_align = align > 16 ? align : 16;
     if ((uintptr_t)p & (want_align - 1))
-        fz_fail(m, "%s block %p (req %zu) is not aligned to %zu", fz_kind_name[kind], (void *)p, req,
-                want_align);
+        fz_fail(m, "%s block %p (req %zu) is not aligned to %zu", fz_kind_name[kind], (void *)p,
+                req, want_align);
     size_t usable = hak_malloc_usable_size(p);
     if (usable < req)
         fz_fail(m, "malloc_usable_size(%p) = %zu < requested %zu", (void *)p, usable, req);
     if (keep) {
         size_t bad = fz_find_bad(p, 0, keep, old_seed);
         if (bad != SIZE_MAX)
-            fz_fail(m, "realloc to %p (req %zu) lost the old contents: byte %zu is 0x%02x, "
-                       "expected 0x%02x (kept %zu)",
+            fz_fail(m,
+                    "realloc to %p (req %zu) lost the old contents: byte %zu is 0x%02x, "
+                    "expected 0x%02x (kept %zu)",
                     (void *)p, req, bad, p[bad], fz_byte(old_seed, bad), keep);
     }
     if (zero) {
@@ -784,8 +867,8 @@ static void fz_take(struct fz *m, int slot, uint8_t *p, size_t req, size_t align
             fz_fail(m, "free(%p) changed errno to %d", (void *)p, c.err);
         return;
     }
-    if (usable > FZ_MiB && !fz_mapped((uintptr_t)p & ~(FZ_PAGE - 1),
-                                      ((uintptr_t)p & (FZ_PAGE - 1)) + usable))
+    if (usable > FZ_MiB &&
+        !fz_mapped((uintptr_t)p & ~(FZ_PAGE - 1), ((uintptr_t)p & (FZ_PAGE - 1)) + usable))
         fz_fail(m, "%s block %p: usable %zu (req %zu) is not all mapped", fz_kind_name[kind],
                 (void *)p, usable, req);
     struct fz_blk *b = &m->s[slot];
@@ -820,7 +903,8 @@ static void fz_check_failure(struct fz *m, const struct fz_call *c, enum fz_exp 
             fz_fail(m, "%s(p=%p, a=%zu, b=%zu) failed with errno %d (injected OS failures: %llu)",
                     fz_fn_name[c->fn], c->p, c->a, c->b, err, (unsigned long long)c->inj);
         if (c->inj == 0)
-            fz_fail(m, "%s(p=%p, a=%zu, b=%zu) failed (ENOMEM) although no OS call failed during it",
+            fz_fail(m,
+                    "%s(p=%p, a=%zu, b=%zu) failed (ENOMEM) although no OS call failed during it",
                     fz_fn_name[c->fn], c->p, c->a, c->b);
         m->n_inj_fail++;
         return;
@@ -830,8 +914,8 @@ static void fz_check_failure(struct fz *m, const struct fz_call *c, enum fz_exp 
 /* Success where failure was required? */
 static void fz_check_success(struct fz *m, const struct fz_call *c, enum fz_exp exp) {
     if (exp == E_ENOMEM || exp == E_EINVAL)
-        fz_fail(m, "%s(a=%zu, b=%zu) returned %p, expected failure with %s", fz_fn_name[c->fn], c->a,
-                c->b, c->ret, exp == E_EINVAL ? "EINVAL" : "ENOMEM");
+        fz_fail(m, "%s(a=%zu, b=%zu) returned %p, expected failure with %s", fz_fn_name[c->fn],
+                c->a, c->b, c->ret, exp == E_EINVAL ? "EINVAL" : "ENOMEM");
 }
 
 static bool fz_fits(struct fz *m, size_t n, size_t freed) {
@@ -930,7 +1014,8 @@ static void fz_alloc(struct fz *m, int slot, struct fz_call *c, bool worker) {
     }
     if ((exp == E_OK || exp == E_MAYBE) && !fz_fits(m, req, m->s[slot].p ? m->s[slot].usable : 0)) {
         m->n_skip++;
-        fz_trace(m, "skip %s(a=%zu, b=%zu): over the live-bytes budget", fz_fn_name[c->fn], c->a, c->b);
+        fz_trace(m, "skip %s(a=%zu, b=%zu): over the live-bytes budget", fz_fn_name[c->fn], c->a,
+                 c->b);
         return;
     }
     if (m->s[slot].p) fz_free_slot(m, slot, 0, worker);
@@ -967,7 +1052,8 @@ static void fz_realloc(struct fz *m, int slot, struct fz_call *c, bool worker) {
     exp = overflow ? E_ENOMEM : fz_exp_size(n);
     if (!overflow && (exp == E_OK || exp == E_MAYBE) && !fz_fits(m, n, old.usable)) {
         m->n_skip++;
-        fz_trace(m, "skip %s(slot %d, %zu): over the live-bytes budget", fz_fn_name[c->fn], slot, n);
+        fz_trace(m, "skip %s(slot %d, %zu): over the live-bytes budget", fz_fn_name[c->fn], slot,
+                 n);
         return;
     }
     c->p = old.p;
@@ -1063,7 +1149,7 @@ static void fz_step(struct fz *m, struct fz_in *in) {
     case OP_ALIGNED_ALLOC:
     case OP_POSIX_MEMALIGN:
     case OP_MEMALIGN:
-        c.fn = op == OP_ALIGNED_ALLOC ? F_ALIGNED_ALLOC
+        c.fn = op == OP_ALIGNED_ALLOC    ? F_ALIGNED_ALLOC
                : op == OP_POSIX_MEMALIGN ? F_POSIX_MEMALIGN
                                          : F_MEMALIGN;
         c.a = fz_align(in);
