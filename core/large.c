@@ -370,9 +370,9 @@ static inline size_t large_offset(size_t align) {
  * (nothing marked). Once marked, a range's leaves exist: marking it again
  * cannot fail. */
 static bool large_mark(void *start, size_t size, uint32_t colour) {
-    if (size > LARGE_MAP_MAX || !rmap_mark_span(start, size, RMAP_LARGE)) return false;
-    if (colour != 0) rmap_set_region(start, RMAP_LARGE, LARGE_FIRST | colour);
-    return true;
+    /* (The first region's entry in one store: a live block's stays its.) */
+    return size <= LARGE_MAP_MAX &&
+           rmap_mark_span_from(start, size, RMAP_LARGE, colour != 0 ? LARGE_FIRST | colour : 0);
 }
 
 /* A fresh mapping of `size` bytes at `map_align`, registered in the region
@@ -885,7 +885,8 @@ static uint32_t large_colour_for(size_t off, size_t size, size_t room, bool grow
 /* Mapping h's header (at its start, at the colour large_map gave it, or
  * where its last block had it) moved to the colour of a block of `size`
  * bytes at `off` from it (large_colour_for), and returned. A header moved
- * leaves no magic behind. */
+ * leaves zeroes behind, its canary's word too: its line may be inside the
+ * new block, which a decommitted mapping hands to calloc as zeroes. */
 static struct large_hdr *large_place(struct large_hdr *h, size_t off, size_t size, bool growing) {
     uint32_t now = large_colour_of(h);
     uint32_t c = large_colour_for(off, size, large_room(h), growing, now);
@@ -893,7 +894,7 @@ static struct large_hdr *large_place(struct large_hdr *h, size_t off, size_t siz
     uint8_t *start = large_start(h);
     struct large_hdr *to = (struct large_hdr *)(start + c * LARGE_COLOUR_SIZE);
     *to = *h; /* (a line apart at least: no overlap) */
-    h->magic = 0;
+    memset(h, 0, LARGE_COLOUR_SIZE);
     rmap_set_region(start, RMAP_LARGE, c != 0 ? LARGE_FIRST | c : 0); /* (its leaf exists) */
     return to;
 }

@@ -479,13 +479,61 @@ static bool decommitted_then_unmapped(uint64_t age) {
     return true;
 }
 
-static void test_unused_entries_decommitted_then_unmapped(void **state) {
-    (void)state;
+/* Attempts at ages from AGE_FIRST_MS on, doubled each time, until one is
+ * judged. */
+static void at_ages(bool (*attempt)(uint64_t age)) {
     uint64_t age = AGE_FIRST_MS;
     for (int i = 0; i < AGE_TRIES; i++, age *= 2)
-        if (decommitted_then_unmapped(age)) return;
+        if (attempt(age)) return;
     fail_msg("the machine was too slow or busy for every age tried (%d ms to %llu ms)",
              AGE_FIRST_MS, (unsigned long long)age / 2);
+}
+
+static void test_unused_entries_decommitted_then_unmapped(void **state) {
+    (void)state;
+    at_ages(decommitted_then_unmapped);
+}
+
+/* One attempt (as decommitted_then_unmapped's) at a calloc served by a
+ * decommitted entry whose header had a colour the new block does not:
+ * the old header's line lies inside the new block. */
+static bool calloc_over_an_old_colour(uint64_t age) {
+    hak_cfg.bigcache_age_ms = age;
+    uint8_t *tick = malloc(9 * MiB);
+    const size_t n1 = 400 * 4096 + 1 - 64, n2 = 400 * 4096 - 64;
+    uint8_t *p = malloc(n1); /* slack in its last page: a colour */
+    assert_true(lead_of(p) > 64);
+    memset(p, 0xab, n1);
+    uint64_t f0 = hak_now_ms();
+    free(p);
+    uint64_t dec = lstats().cache_decommits;
+    sleep_ms((long)age * 8 / 5);
+    uint64_t l0 = hak_now_ms();
+    free(tick);                   /* a look at the ages: p's entry decommitted */
+    uint8_t *t = malloc(9 * MiB); /* (the tick's entry out of the way) */
+    bool decommitted = lstats().cache_decommits > dec;
+    uint8_t *q = calloc(1, n2); /* no slack: its header at the start */
+    uint64_t l1 = hak_now_ms();
+    if (!decommitted || l0 - f0 < age || l1 - f0 >= 2 * age || map_of(q) != map_of(p)) {
+        free(q);
+        free(t);
+        malloc_trim(0);
+        return false;
+    }
+    assert_int_equal(lead_of(q), 64);
+    for (size_t k = 0; k < n2; k++)
+        if (q[k] != 0) fail_msg("calloc'd byte %zu is %#x", k, q[k]);
+    free(q);
+    free(t);
+    return true;
+}
+
+/* Review find: a calloc served by a decommitted entry (taken as zero
+ * throughout) whose header moved to another colour found the old header's
+ * bytes in its block. */
+static void test_calloc_over_an_old_colour_is_zero(void **state) {
+    (void)state;
+    at_ages(calloc_over_an_old_colour);
 }
 
 /* True when the mapping holding p has VmFlags `flag` in /proc/self/smaps. */
@@ -911,6 +959,60 @@ static void test_realloc_trims_only_when_asked_for_less(void **state) {
     assert_int_equal(os_calls(OS_MREMAP), grown + 1);
     assert_true(malloc_usable_size(p) < 5 * MiB);
     free(p);
+}
+
+/* Blocks grown side by side do not share their address bits below 2 MiB
+ * (where every mapping starts): their headers and their ends fall in
+ * different sets of the caches and TLBs (append_64k missed at every append
+ * when all 64 shared one). A bigger alignment keeps the header at the
+ * start; a colour survives a move of the pages, and free finds it. */
+static void test_blocks_side_by_side_get_colours(void **state) {
+    (void)state;
+    enum { N = 64 };
+    uint8_t *p[N];
+    bool line[64] = {0}, page[16] = {0};
+    unsigned lines = 0, pages = 0;
+    for (int i = 0; i < N; i++) {
+        p[i] = realloc(malloc(100), 5000); /* a growing block */
+        assert_non_null(p[i]);
+        memset(p[i], i, 5000);
+        size_t lead = lead_of(p[i]);
+        assert_true(lead >= 64 && lead < 16 * 4096 + 4096);
+        unsigned l = (unsigned)(((uintptr_t)p[i] - 64) / 64 % 64), g = (unsigned)(lead / 4096 % 16);
+        lines += !line[l];
+        pages += !page[g];
+        line[l] = page[g] = true;
+    }
+    assert_true(lines >= 48);
+    assert_true(pages >= 12);
+    /* Big blocks: a line within their last page's slack, no page more. */
+    uint64_t live = lstats().live_bytes;
+    uint8_t *b = malloc(3 * MiB);
+    assert_true(lead_of(b) > 64 && lead_of(b) < 4096);
+    assert_int_equal(lstats().live_bytes - live, 3 * MiB + 4096 + 4096); /* + a page, + the guard */
+    /* None at an exact fit: its last page has no slack. */
+    uint8_t *x = malloc(3 * MiB - 64);
+    assert_int_equal(lead_of(x), 64);
+    free(x);
+    /* An aligned block has its header at the start. */
+    void *a;
+    assert_int_equal(posix_memalign(&a, 4096, 3 * MiB), 0);
+    assert_int_equal((uintptr_t)a & (2 * MiB - 1), 4096);
+    free(a);
+    /* Moved (grown past its room), a coloured block keeps its colour. */
+    size_t had = lead_of(p[5]);
+    uint8_t *q = realloc(p[5], 5 * MiB);
+    assert_non_null(q);
+    assert_int_equal(lead_of(q), had);
+    assert_int_equal(q[4999], 5);
+    free(q); /* (its header found at its colour: no abort) */
+    expect_free_abort(do_free, q, "double free");
+    free(b);
+    for (int i = 0; i < N; i++) {
+        if (i == 5) continue;
+        assert_int_equal(p[i][4999], (uint8_t)i);
+        free(p[i]);
+    }
 }
 
 static void test_growing_blocks_bounded(void **state) {
@@ -1825,6 +1927,7 @@ int main(void) {
         cmocka_unit_test_setup(test_successful_realloc_leaves_errno, reset),
         cmocka_unit_test_setup(test_cache_bounds_entries, reset),
         cmocka_unit_test_setup(test_unused_entries_decommitted_then_unmapped, reset),
+        cmocka_unit_test_setup(test_calloc_over_an_old_colour_is_zero, reset),
         cmocka_unit_test_setup(test_hugepages_option, reset),
         cmocka_unit_test_setup(test_bigger_entry_split_keeps_its_pages, reset),
         cmocka_unit_test_setup(test_smaller_entry_grown_keeps_its_pages, reset),
@@ -1832,6 +1935,7 @@ int main(void) {
         cmocka_unit_test_setup(test_locked_entries_not_reported_decommitted, reset),
         cmocka_unit_test_setup(test_realloc_grown_block_grows_in_place, reset),
         cmocka_unit_test_setup(test_realloc_trims_only_when_asked_for_less, reset),
+        cmocka_unit_test_setup(test_blocks_side_by_side_get_colours, reset),
         cmocka_unit_test_setup(test_growing_blocks_bounded, reset),
         cmocka_unit_test_setup(test_growing_block_from_cache_makes_no_syscall, reset),
         cmocka_unit_test_setup(test_merged_entry_is_newest, reset),

@@ -44,6 +44,10 @@ static void rmap_store(uint32_t *leaf, uintptr_t region, uint32_t e) {
 }
 
 bool rmap_mark_span(void *base, size_t size, uint32_t kind) {
+    return rmap_mark_span_from(base, size, kind, 0);
+}
+
+bool rmap_mark_span_from(void *base, size_t size, uint32_t kind, uint32_t head) {
     uintptr_t first = (uintptr_t)base >> HAK_REGION_SHIFT;
     uintptr_t n = (size + HAK_REGION_SIZE - 1) >> HAK_REGION_SHIFT;
     if (first + n > ((uintptr_t)1 << (RMAP_VA_BITS - HAK_REGION_SHIFT))) return false;
@@ -53,7 +57,8 @@ bool rmap_mark_span(void *base, size_t size, uint32_t kind) {
         if (rmap_leaf(r, true) == NULL) return false;
     if (rmap_leaf(first + n - 1, true) == NULL) return false;
     for (uintptr_t i = 0; i < n; i++)
-        rmap_store(rmap_leaf(first + i, false), first + i, rmap_entry(kind, (uint32_t)i));
+        rmap_store(rmap_leaf(first + i, false), first + i,
+                   rmap_entry(kind, i ? (uint32_t)i : head));
     return true;
 }
 

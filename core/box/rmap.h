@@ -63,6 +63,8 @@ static inline uintptr_t rmap_region_base(const void *p) {
  * i-th region with payload i (the distance back to base). false when a leaf
  * cannot be mapped; nothing is then marked. */
 bool rmap_mark_span(void *base, size_t size, uint32_t kind);
+/* The same, the first region's payload `head` instead of 0. */
+bool rmap_mark_span_from(void *base, size_t size, uint32_t kind, uint32_t head);
 /* Mark the single region at base with an explicit payload. */
 bool rmap_set_region(void *base, uint32_t kind, uint32_t payload);
 /* Forget [base, base+size). */
