@@ -90,6 +90,11 @@ HAK_INLINE void *large_user(const struct large_hdr *h) {
  * mappings are at most LARGE_MAP_MAX bytes. */
 #define LARGE_FIRST   ((uint32_t)1 << 23)
 #define LARGE_MAP_MAX ((size_t)(LARGE_FIRST - 1) << HAK_REGION_SHIFT)
+
+/* The first region's payload for a header at `colour`. */
+HAK_INLINE uint32_t large_first_payload(uint32_t colour) {
+    return colour != 0 ? LARGE_FIRST | colour : 0;
+}
 _Static_assert(LARGE_PAGE_COLOURS *HAK_PAGE_SIZE + LARGE_COLOURS * LARGE_COLOUR_SIZE <
                    HAK_REGION_SIZE / 16,
                "a header in the first region, a growing block with room");
@@ -372,7 +377,7 @@ static inline size_t large_offset(size_t align) {
 static bool large_mark(void *start, size_t size, uint32_t colour) {
     /* (The first region's entry in one store: a live block's stays its.) */
     return size <= LARGE_MAP_MAX &&
-           rmap_mark_span_from(start, size, RMAP_LARGE, colour != 0 ? LARGE_FIRST | colour : 0);
+           rmap_mark_span_from(start, size, RMAP_LARGE, large_first_payload(colour));
 }
 
 /* A fresh mapping of `size` bytes at `map_align`, registered in the region
@@ -895,7 +900,7 @@ static struct large_hdr *large_place(struct large_hdr *h, size_t off, size_t siz
     struct large_hdr *to = (struct large_hdr *)(start + c * LARGE_COLOUR_SIZE);
     *to = *h; /* (a line apart at least: no overlap) */
     memset(h, 0, LARGE_COLOUR_SIZE);
-    rmap_set_region(start, RMAP_LARGE, c != 0 ? LARGE_FIRST | c : 0); /* (its leaf exists) */
+    rmap_set_region(start, RMAP_LARGE, large_first_payload(c)); /* (its leaf exists) */
     return to;
 }
 
@@ -1665,19 +1670,18 @@ static struct large_hdr *large_move(struct large_hdr *h, size_t need, size_t n) 
     size_t off = h->offset, old = h->map_size;
     uint8_t *start = large_start(h);
     uint32_t colour = large_colour_of(h);
-    /* (The move keeps the mapping's own huge-page setting.) */
-    uint8_t *to =
-        (uint8_t *)large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0), false, 0);
-    if (to == NULL) return NULL;
+    /* (The move keeps the mapping's own huge-page setting. The new mapping
+     * is marked for a header at h's colour: the pages bring it along.) */
+    struct large_hdr *dst =
+        large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0), false, colour);
+    if (dst == NULL) return NULL;
+    uint8_t *to = large_start(dst);
     rmap_clear_span(start, old);
     if (!os_move(start, old, need, to)) {
         large_mark(start, old, colour);
         large_release(to, need);
         return NULL;
     }
-    /* The header came along, at its colour. Cannot fail: the leaves exist. */
-    large_mark(to, need, colour);
-    struct large_hdr *dst = (struct large_hdr *)(to + colour * LARGE_COLOUR_SIZE);
     large_set_map_size(dst, need, false, false); /* the pages it had came along */
     dst->req = n;
     dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
