@@ -1072,7 +1072,8 @@ void l25_free_other(void *p, struct l25_bundle *b) {
      * its owner drains it, so it stays mapped; heaps are never unmapped. */
     struct l25_heap *h = b->owner;
     uint64_t now = hak_now_ms(), active = atomic_load_explicit(&h->active_ms, memory_order_relaxed);
-    if (now > active && now - active >= hak_cfg.bigcache_age_ms) l25_block_decommit(b, p);
+    if (now > active && now - active >= hak_cfg.bigcache_age_ms && !hak_huge_heaps())
+        l25_block_decommit(b, p); /* (huge pages: whole bundles only) */
     l25_remote_push(h, p, (void **)((uint8_t *)p + b->size));
 }
 
@@ -1178,6 +1179,7 @@ static bool l25_decommit_free(struct l25_bundle *b, uint64_t eligible) {
  * next refills take). Its owner's. */
 static bool l25_heap_purge(struct l25_heap *h) {
     bool released = false;
+    if (hak_huge_heaps()) return false; /* whole bundles only (malloc_trim: all) */
     for (uint32_t k = 0; k < L25_NCLASSES; k++) {
         for (struct l25_bundle *b = h->partial[k]; b; b = b->next) {
             uint64_t keep = 0, avail = b->avail1 & b->dirty1;
@@ -1212,7 +1214,7 @@ static uint64_t l25_heap_due(struct l25_heap *h) {
     uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
     for (struct l25_bundle *b = h->empty; b && b->committed; b = b->next)
         if (b->empty_ms + age < next) next = b->empty_ms + age;
-    for (uint32_t k = 0; k < L25_NCLASSES; k++)
+    for (uint32_t k = 0; k < L25_NCLASSES && !hak_huge_heaps(); k++)
         for (struct l25_bundle *b = h->partial[k]; b; b = b->next)
             if ((b->avail1 & b->dirty1) != 0 && h->purge_ms < next) next = h->purge_ms;
     return next;
@@ -1456,7 +1458,7 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
 
 static bool l25_purge(uint64_t now) {
     bool released = l25_sweep(now, NULL, NULL); /* (the empty bundles) */
-    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES && !hak_huge_heaps(); cls++)
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             if (atomic_load_explicit(&l25_shards[cls][sh].work, memory_order_relaxed))
                 released |= l25_shard_purge(&l25_shards[cls][sh], false);

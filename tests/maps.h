@@ -94,6 +94,32 @@ static inline bool maps_resident(const void *p) {
     return mincore(pg, 1, &v) == 0 && (v & 1);
 }
 
+/* True when the mapping holding p has VmFlags `flag` ("hg": huge pages
+ * asked for) in /proc/self/smaps. */
+static inline bool maps_vmflag(const void *p, const char *flag) {
+    static char buf[1 << 23]; /* ~1.5 KiB a mapping */
+    ssize_t len = proc_read("/proc/self/smaps", buf, sizeof buf);
+    if (len < 0 || (size_t)len == sizeof buf - 1) abort(); /* cannot tell: the test is wrong */
+    bool in = false;
+    size_t flen = strlen(flag);
+    for (char *line = buf; *line;) {
+        char *end, *nl = strchr(line, '\n');
+        uintptr_t lo = strtoull(line, &end, 16);
+        if (end != line && *end == '-') { /* a mapping's first line */
+            uintptr_t hi = strtoull(end + 1, NULL, 16);
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            for (char *f = line + 8; (f = strstr(f, flag)) != NULL && (nl == NULL || f < nl); f++)
+                if (f[-1] == ' ' && (f[flen] == ' ' || f[flen] == '\n' || f[flen] == 0))
+                    return true;
+            return false;
+        }
+        if (nl == NULL) break;
+        line = nl + 1;
+    }
+    return false;
+}
+
 /* True when [p, p+len) is back with the OS, address kept: mapped read-only
  * (not writable) and no page of it in memory. */
 static inline bool maps_given_back(const void *p, size_t len) {

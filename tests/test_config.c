@@ -43,7 +43,7 @@ static int defaults(void **state) {
     hak_cfg.background = false;
     hak_cfg.backtrace = false;
     hak_cfg.bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT;
-    hak_cfg.hugepages = true;
+    hak_cfg.hugepages = HAK_HUGE_LARGE;
     hak_cfg.bigcache_bytes = (size_t)128 << 20;
     hak_cfg.pool_arena_mb_init = 1;
     hak_cfg.pool_arena_mb_max = 8;
@@ -65,8 +65,12 @@ static void test_valid_values_taken(void **state) {
     assert_true(hak_cfg.background);
     assert_true(hak_cfg.stats);
     assert_int_equal(hak_cfg.bigcache_age_ms, 400);
-    assert_false(hak_cfg.hugepages);
+    assert_int_equal(hak_cfg.hugepages, HAK_HUGE_OFF);
     assert_int_equal(hak_cfg.bigcache_bytes, (size_t)128 << 20);
+    setenv("HAKMEM_HUGEPAGES", "2", 1); /* every heap */
+    load_capturing(err, sizeof err);
+    assert_string_equal(err, "");
+    assert_int_equal(hak_cfg.hugepages, HAK_HUGE_ALL);
 }
 
 static void test_bad_values_warn_and_keep_default(void **state) {
@@ -88,7 +92,7 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     assert_int_equal(hak_cfg.bigcache_bytes, (size_t)128 << 20);
     unsetenv("HAKMEM_BIGCACHE_MB");
     setenv("HAKMEM_BIGCACHE_AGE_MS", "0", 1); /* 0 would decommit at once: not allowed */
-    setenv("HAKMEM_HUGEPAGES", "yes", 1);
+    setenv("HAKMEM_HUGEPAGES", "3", 1);
     setenv("HAKMEM_BACKGROUND", "2", 1);
     load_capturing(err, sizeof err);
     assert_non_null(strstr(err, "HAKMEM_BIGCACHE_AGE_MS"));
@@ -96,7 +100,7 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     assert_non_null(strstr(err, "HAKMEM_BACKGROUND"));
     assert_false(hak_cfg.background);
     assert_int_equal(hak_cfg.bigcache_age_ms, HAK_CFG_AGE_MS_DEFAULT);
-    assert_true(hak_cfg.hugepages); /* the default kept */
+    assert_int_equal(hak_cfg.hugepages, HAK_HUGE_LARGE); /* the default kept */
 }
 
 /* HAKMEM_STATS=json: the JSON report; HAKMEM_STATS_FILE: where it goes,

@@ -660,7 +660,7 @@ int main(int argc, char **argv) {
     struct rlimit rl = {(rlim_t)64 << 30, (rlim_t)64 << 30};
     if (setrlimit(RLIMIT_AS, &rl) != 0) return 2;
 #endif
-    hak_cfg.hugepages = true; /* Large mappings ask for huge pages: one more call */
+    hak_cfg.hugepages = HAK_HUGE_LARGE; /* Large mappings ask for huge pages: one more call */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_uncommit_refused_still_zero, hak_test_alarm_off),
         cmocka_unit_test_teardown(test_uncommit_refused_clears_only_used_pages, hak_test_alarm_off),

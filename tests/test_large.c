@@ -82,7 +82,7 @@ static int reset(void **state) {
     hak_cfg.large_tcache_bytes = 0;
     hak_cfg.bigcache_bytes = 64 * MiB;
     hak_cfg.bigcache_age_ms = 60000; /* nothing ages during a test unless it says so */
-    hak_cfg.hugepages = false;
+    hak_cfg.hugepages = HAK_HUGE_OFF;
     malloc_trim(0);
     return 0;
 }
@@ -539,39 +539,18 @@ static void test_calloc_over_an_old_colour_is_zero(void **state) {
 #endif
 }
 
-/* True when the mapping holding p has VmFlags `flag` in /proc/self/smaps. */
-static bool smaps_flag(const void *p, const char *flag) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    assert_non_null(f);
-    char line[512];
-    bool in = false, found = false;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
-            char needle[8];
-            snprintf(needle, sizeof needle, " %s", flag);
-            found = strstr(line, needle) != NULL;
-            break;
-        }
-    }
-    fclose(f);
-    return found;
-}
-
 static void test_hugepages_option(void **state) {
     (void)state;
     if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0)
         skip(); /* no THP in this kernel: the option falls back silently */
     malloc_trim(0);
     uint8_t *p = malloc(8 * MiB);
-    assert_false(smaps_flag(p, "hg"));
+    assert_false(maps_vmflag(p, "hg"));
     free(p);
     malloc_trim(0);
-    hak_cfg.hugepages = true;
+    hak_cfg.hugepages = HAK_HUGE_LARGE;
     p = malloc(8 * MiB);
-    assert_true(smaps_flag(p, "hg"));
+    assert_true(maps_vmflag(p, "hg"));
     memset(p, 1, 8 * MiB);
     free(p);
     malloc_trim(0);
@@ -717,7 +696,7 @@ static void test_locked_entries_not_reported_decommitted(void **state) {
 
 static void test_realloc_grown_block_grows_in_place(void **state) {
     (void)state;
-    hak_cfg.hugepages = true; /* a growing block must still get small pages */
+    hak_cfg.hugepages = HAK_HUGE_LARGE; /* a growing block must still get small pages */
     uint64_t live = lstats().live_bytes;
     uint8_t *p = malloc(100);
     memset(p, 0x5a, 100);
@@ -729,7 +708,7 @@ static void test_realloc_grown_block_grows_in_place(void **state) {
     assert_int_equal(malloc_usable_size(p),
                      ((lead_of(p) + 5000 + 4095) & ~(size_t)4095) - lead_of(p));
     assert_int_equal(lstats().live_bytes - live, 2 * MiB);
-    assert_false(smaps_flag(p, "hg"));
+    assert_false(maps_vmflag(p, "hg"));
     assert_false(maps_resident(p + MiB)); /* room is address space only */
     uint64_t before = os_total(), advised = os_calls(OS_MADVISE);
     size_t n = 5000;
@@ -935,7 +914,7 @@ static void test_merged_entry_is_newest(void **state) {
  * huge, so a growing block, which wants small pages, may still reuse it. */
 static void test_refused_hugepages_not_recorded(void **state) {
     (void)state;
-    hak_cfg.hugepages = true;
+    hak_cfg.hugepages = HAK_HUGE_LARGE;
     os_fault_only(1u << OS_SITE_HUGEPAGES);
     os_fault_arm(0, UINT64_MAX);
     uint8_t *p = malloc(4 * MiB - 4096);
@@ -1110,11 +1089,11 @@ static void test_small_pages_entry_gets_huge_pages(void **state) {
     if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0) skip();
     /* Review find: a Large block grown from a cached growing block's mapping
      * (small pages) kept small pages. */
-    hak_cfg.hugepages = true;
+    hak_cfg.hugepages = HAK_HUGE_LARGE;
     uint8_t *g = realloc(malloc(100), 5000);
     free(g);
     uint8_t *p = malloc(64 * MiB);
-    assert_true(smaps_flag(p, "hg"));
+    assert_true(maps_vmflag(p, "hg"));
     free(p);
 }
 

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define KiB    ((size_t)1 << 10)
 #define AGE_MS 50
@@ -153,12 +154,70 @@ static void test_l25_free_blocks_age_out(void **state) {
     }
 }
 
+/* HAKMEM_HUGEPAGES=2: new SuperSlabs and L2.5 bundles ask for huge pages,
+ * and their free blocks keep their pages past the age (a page given back
+ * would split the huge page); malloc_trim still takes them. The default (1)
+ * asks for none of them and ages the pages out. */
+static void test_huge_heaps_keep_their_pages_until_trim(void **state) {
+    (void)state;
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0)
+        skip(); /* no THP in this kernel: the request is refused, nothing else */
+    enum { N = 64 };
+    static void *b[N];
+    const size_t size = 200 * KiB;
+    int64_t aged_ms = 0;
+    for (int huge = 0; huge <= 1; huge++) {
+        malloc_trim(0);
+        hak_cfg.hugepages = huge ? HAK_HUGE_ALL : HAK_HUGE_LARGE;
+        fill_two_classes(); /* more SuperSlabs than the cache holds: new ones */
+        for (int i = 0; i < N; i++)
+            memset(b[i] = malloc(size), 3, size);
+        const void *last_ss = a[ROUNDS * NA - 1], *last_bundle = b[N - 1];
+        assert_true(maps_vmflag(last_ss, "hg") == huge);
+        assert_true(maps_vmflag(last_bundle, "hg") == huge);
+        free_all(a, ROUNDS * NA);
+        for (int i = 0; i < N; i += 2)
+            free(b[i]);
+        size_t slots = slot_pages_resident(), blocks = freed_resident(b, N, size);
+        assert_true(slots > ROUNDS * 8 && blocks > N / 2 * 40);
+        /* Other work: by default until the pages went, in huge mode twice
+         * as long as that took. */
+        int64_t t0 = hak_test_now_ms();
+        if (huge) {
+            while (hak_test_now_ms() - t0 < 2 * aged_ms)
+                other_work();
+        } else {
+            WORK_UNTIL(slot_pages_resident() < slots / 10 &&
+                       freed_resident(b, N, size) < blocks / 4);
+            aged_ms = hak_test_now_ms() - t0 + AGE_MS;
+        }
+        size_t slots_aged = slot_pages_resident(), blocks_aged = freed_resident(b, N, size);
+        malloc_trim(0);
+        size_t slots_trim = slot_pages_resident(), blocks_trim = freed_resident(b, N, size);
+        print_message("hugepages=%d, %lld ms: free slots %zu -> %zu (aged) -> %zu (trim) pages, "
+                      "free L2.5 blocks %zu -> %zu -> %zu\n",
+                      huge ? 2 : 1, (long long)(hak_test_now_ms() - t0), slots, slots_aged,
+                      slots_trim, blocks, blocks_aged, blocks_trim);
+        if (huge) {
+            assert_true(slots_aged >= slots && blocks_aged >= blocks);
+        } else {
+            assert_true(slots_aged < slots / 10 && blocks_aged < blocks / 4);
+        }
+        assert_true(slots_trim < slots / 10 && blocks_trim < blocks / 4);
+        free_all(bk, ROUNDS * NB);
+        for (int i = 1; i < N; i += 2)
+            free(b[i]);
+    }
+    hak_cfg.hugepages = HAK_HUGE_LARGE;
+}
+
 int main(void) {
     hak_cfg.bigcache_age_ms = AGE_MS;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trim_gives_back_empty_slots),
         cmocka_unit_test(test_empty_slots_age_out),
         cmocka_unit_test(test_l25_free_blocks_age_out),
+        cmocka_unit_test(test_huge_heaps_keep_their_pages_until_trim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

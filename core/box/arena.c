@@ -1,6 +1,7 @@
 /* Arena: one window of address space, grown in place (arena.h). */
 #include "box/arena.h"
 
+#include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "sizes.h"
@@ -188,6 +189,13 @@ static size_t arena_take_top(size_t n) {
     return arena_top - n;
 }
 
+/* p (NULL or `size` bytes just made writable), asking for huge pages when
+ * HAKMEM_HUGEPAGES=2 says every heap does. */
+static void *arena_huge(void *p, size_t size) {
+    if (p != NULL && hak_huge_heaps()) os_hugepages(p, size);
+    return p;
+}
+
 void *arena_alloc(size_t size) {
     size_t n = (size + ARENA_UNIT - 1) / ARENA_UNIT;
     size_t first = SIZE_MAX;
@@ -205,7 +213,7 @@ void *arena_alloc(size_t size) {
 
     if (first != SIZE_MAX) {
         void *p = (void *)(arena_mid + first * ARENA_UNIT);
-        if (os_commit(p, size)) return p;
+        if (os_commit(p, size)) return arena_huge(p, size);
         hak_lock(&arena_lock); /* refused (commit limit): the units are free again */
         arena_mark(first, n, true);
         arena_nfree += n;
@@ -216,7 +224,7 @@ void *arena_alloc(size_t size) {
     hak_lock(&arena_lock);
     arena_fallbacks++;
     hak_unlock(&arena_lock);
-    return os_map_aligned(hak_align_up(size, HAK_PAGE_SIZE), ARENA_UNIT);
+    return arena_huge(os_map_aligned(hak_align_up(size, HAK_PAGE_SIZE), ARENA_UNIT), size);
 }
 
 /* The unit records are carved from, and what is left of it. */

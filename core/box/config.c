@@ -11,7 +11,7 @@ struct hak_config hak_cfg = {
     .bigcache_bytes = (size_t)128 << 20,
     .bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT,
     .large_tcache_bytes = (size_t)16 << 20,
-    .hugepages = true,
+    .hugepages = HAK_HUGE_LARGE,
     .ss_cache = 8,
     .pool_arena_mb_init = 1,
     .pool_arena_mb_max = 8,
@@ -100,7 +100,7 @@ void config_load(void) {
     if (config_int("HAKMEM_BIGCACHE_AGE_MS", 1, 3600000, &v)) hak_cfg.bigcache_age_ms = v;
     if (config_int("HAKMEM_LARGE_TCACHE_MB", 0, 1024, &v))
         hak_cfg.large_tcache_bytes = (size_t)v << 20;
-    if (config_int("HAKMEM_HUGEPAGES", 0, 1, &v)) hak_cfg.hugepages = v != 0;
+    if (config_int("HAKMEM_HUGEPAGES", 0, 2, &v)) hak_cfg.hugepages = (uint8_t)v;
     if (config_int("HAKMEM_BACKTRACE", 0, 1, &v)) hak_cfg.backtrace = v != 0;
     if (config_int("HAKMEM_CHECK", 0, 1, &v)) hak_cfg.check = v != 0;
     if (config_int("HAKMEM_PROF", 0, 1, &v)) hak_cfg.prof = v != 0;

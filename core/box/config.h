@@ -12,13 +12,20 @@
 /* HAKMEM_STATS: 0, 1, json. */
 enum hak_stats_mode { HAK_STATS_OFF, HAK_STATS_TEXT, HAK_STATS_JSON };
 
+/* HAKMEM_HUGEPAGES: which mappings ask for transparent huge pages. */
+enum hak_huge {
+    HAK_HUGE_OFF,   /* none */
+    HAK_HUGE_LARGE, /* Large blocks of 2 MiB or more (not growing ones) */
+    HAK_HUGE_ALL,   /* those, and every SuperSlab, Pool chunk and L2.5 bundle */
+};
+
 struct hak_config {
     uint8_t stats;               /* HAKMEM_STATS: a report at exit (enum hak_stats_mode) */
     const char *stats_file;      /* HAKMEM_STATS_FILE: where it goes; NULL: stderr */
     size_t bigcache_bytes;       /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
     uint64_t bigcache_age_ms;    /* HAKMEM_BIGCACHE_AGE_MS: unused this long, decommitted */
     size_t large_tcache_bytes;   /* HAKMEM_LARGE_TCACHE_MB: a thread's own freed mappings */
-    bool hugepages;              /* HAKMEM_HUGEPAGES: transparent huge pages for Large */
+    uint8_t hugepages;           /* HAKMEM_HUGEPAGES: who asks for huge pages (enum hak_huge) */
     uint64_t ss_cache;           /* HAKMEM_SS_CACHE: empty SuperSlabs kept, decommitted */
     uint32_t pool_arena_mb_init; /* HAKMEM_POOL_ARENA_MB_INIT: a thread's first Pool chunk */
     uint32_t pool_arena_mb_max;  /* HAKMEM_POOL_ARENA_MB_MAX: Pool chunks grow to this */
@@ -38,6 +45,16 @@ struct hak_config {
 
 /* Defaults until config_load runs; then what the environment says. */
 extern HAK_HIDDEN struct hak_config hak_cfg;
+
+/* HAKMEM_HUGEPAGES=2: the small-block heaps are in huge pages, so their
+ * free memory ages out to the OS only in whole units (an empty SuperSlab,
+ * bundle or chunk), not page by page: a partial decommit would split the
+ * huge page, the next touch would fault again, and khugepaged would collapse
+ * the rest back into a whole one anyway. malloc_trim, asked for, still
+ * gives back every free page. */
+static inline bool hak_huge_heaps(void) {
+    return hak_cfg.hugepages == HAK_HUGE_ALL;
+}
 
 /* Read the environment; warns once per bad variable and keeps its default. */
 void config_load(void);

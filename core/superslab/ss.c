@@ -281,6 +281,8 @@ static struct ss_slab *ss_acquire_new(uint32_t cls, uint32_t size) {
             hak_unlock(&ss_lock);
             return NULL;
         }
+        /* The flag stays with the place while it is cached (decommit keeps it). */
+        if (hak_huge_heaps()) os_hugepages((void *)a, SS_SIZE);
         ss = (struct superslab *)a;
         for (uint32_t i = 0; i < SS_NSLOTS; i++)
             atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
@@ -569,12 +571,16 @@ static bool ss_purge_pass(bool all) {
      * left them for it, to be reused for up to an age). */
     struct superslab *idle[SS_IDLE_MAX];
     uint32_t nidle = 0;
+    bool huge = hak_huge_heaps();
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         struct ss_chain keep = {NULL, NULL}, todo = {NULL, NULL};
         for (struct ss_slab *s = lf_take_all(&ss_empty[cls].s), *next; s; s = next) {
             next = s->next;
-            /* A slot purged before is carved 0: nothing of it is resident. */
-            bool due = s->carved != 0 && (all || s->epoch != epoch);
+            /* A slot purged before is carved 0: nothing of it is resident.
+             * Huge pages age out whole, with their SuperSlab only (a trim
+             * takes them all the same). */
+            bool held = s->carved != 0 && (all || !huge);
+            bool due = held && (all || s->epoch != epoch);
             struct superslab *ss = ss_of(s);
             if (nidle < SS_IDLE_MAX &&
                 atomic_load_explicit(&ss->nactive, memory_order_relaxed) == 0)
@@ -583,7 +589,7 @@ static bool ss_purge_pass(bool all) {
                 n++;
                 ss_chain_add(&todo, s);
             } else {
-                left |= s->carved != 0;
+                left |= held;
                 ss_chain_add(&keep, s);
             }
         }
