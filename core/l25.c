@@ -1057,6 +1057,7 @@ static void l25_remote_push(struct l25_heap *h, void *first, void **last_link) {
  * neighbours; its gap, with its link and state, is past its end). Its
  * freer's, before it is pushed. */
 static void l25_block_decommit(struct l25_bundle *b, void *p) {
+    if (hak_huge_heaps()) return; /* whole bundles only */
     uintptr_t lo = hak_align_up((uintptr_t)p, HAK_PAGE_SIZE);
     uintptr_t hi = ((uintptr_t)p + b->size) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
     if (hi > lo && os_decommit((void *)lo, hi - lo))
@@ -1072,8 +1073,7 @@ void l25_free_other(void *p, struct l25_bundle *b) {
      * its owner drains it, so it stays mapped; heaps are never unmapped. */
     struct l25_heap *h = b->owner;
     uint64_t now = hak_now_ms(), active = atomic_load_explicit(&h->active_ms, memory_order_relaxed);
-    if (now > active && now - active >= hak_cfg.bigcache_age_ms && !hak_huge_heaps())
-        l25_block_decommit(b, p); /* (huge pages: whole bundles only) */
+    if (now > active && now - active >= hak_cfg.bigcache_age_ms) l25_block_decommit(b, p);
     l25_remote_push(h, p, (void **)((uint8_t *)p + b->size));
 }
 
@@ -1127,6 +1127,7 @@ static inline uint64_t l25_next_run(uint64_t *bits) {
  * neighbours that may be live. True when pages went (not refused:
  * mlockall). */
 static bool l25_run_decommit(struct l25_bundle *b, uint32_t w, uint64_t run) {
+    if (hak_huge_heaps()) return false; /* whole bundles only */
     size_t first = (size_t)w * 64 + (size_t)__builtin_ctzll(run),
            last = first + (size_t)__builtin_popcountll(run);
     uintptr_t lo = hak_align_up((uintptr_t)b->base + first * b->stride, HAK_PAGE_SIZE);
@@ -1179,7 +1180,7 @@ static bool l25_decommit_free(struct l25_bundle *b, uint64_t eligible) {
  * next refills take). Its owner's. */
 static bool l25_heap_purge(struct l25_heap *h) {
     bool released = false;
-    if (hak_huge_heaps()) return false; /* whole bundles only (malloc_trim: all) */
+    if (hak_huge_heaps()) return false; /* (nothing to do: whole bundles only) */
     for (uint32_t k = 0; k < L25_NCLASSES; k++) {
         for (struct l25_bundle *b = h->partial[k]; b; b = b->next) {
             uint64_t keep = 0, avail = b->avail1 & b->dirty1;
@@ -1354,6 +1355,7 @@ bool l25_trim(void) {
  * such while it has a free block). Shard lock held. */
 static bool l25_idle(struct l25_shard *s) {
     if (atomic_load_explicit(&s->ncommitted, memory_order_relaxed)) return false;
+    if (hak_huge_heaps()) return true; /* free blocks keep their pages: nothing to age */
     for (struct l25_bundle *b = s->partial; b; b = b->next)
         if (b->dirty == NULL ? b->navail != 0 : (b->avail1 & b->dirty1) != 0) return false;
     return true;
@@ -1500,7 +1502,7 @@ static bool l25_due_shard(struct l25_shard *s, void *arg) {
     uint64_t age = hak_cfg.bigcache_age_ms;
     for (struct l25_bundle *b = s->empty; b && b->committed; b = b->next)
         if (b->empty_ms + age < d->next) d->next = b->empty_ms + age;
-    for (struct l25_bundle *b = s->partial; b && !d->dirty; b = b->next)
+    for (struct l25_bundle *b = s->partial; b && !d->dirty && !hak_huge_heaps(); b = b->next)
         d->dirty = b->dirty != NULL && (b->avail1 & b->dirty1) != 0;
     return false;
 }

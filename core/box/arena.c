@@ -189,14 +189,8 @@ static size_t arena_take_top(size_t n) {
     return arena_top - n;
 }
 
-/* p (NULL or `size` bytes just made writable), asking for huge pages when
- * HAKMEM_HUGEPAGES=2 says every heap does. */
-static void *arena_huge(void *p, size_t size) {
-    if (p != NULL && hak_huge_heaps()) os_hugepages(p, size);
-    return p;
-}
-
-void *arena_alloc(size_t size) {
+/* arena_alloc's unit(s), in small pages: records' units too. */
+static void *arena_take(size_t size) {
     size_t n = (size + ARENA_UNIT - 1) / ARENA_UNIT;
     size_t first = SIZE_MAX;
     hak_lock(&arena_lock);
@@ -213,7 +207,7 @@ void *arena_alloc(size_t size) {
 
     if (first != SIZE_MAX) {
         void *p = (void *)(arena_mid + first * ARENA_UNIT);
-        if (os_commit(p, size)) return arena_huge(p, size);
+        if (os_commit(p, size)) return p;
         hak_lock(&arena_lock); /* refused (commit limit): the units are free again */
         arena_mark(first, n, true);
         arena_nfree += n;
@@ -224,7 +218,13 @@ void *arena_alloc(size_t size) {
     hak_lock(&arena_lock);
     arena_fallbacks++;
     hak_unlock(&arena_lock);
-    return arena_huge(os_map_aligned(hak_align_up(size, HAK_PAGE_SIZE), ARENA_UNIT), size);
+    return os_map_aligned(hak_align_up(size, HAK_PAGE_SIZE), ARENA_UNIT);
+}
+
+void *arena_alloc(size_t size) {
+    void *p = arena_take(size);
+    if (p != NULL && hak_huge_heaps()) os_hugepages(p, size); /* (HAKMEM_HUGEPAGES=2) */
+    return p;
 }
 
 /* The unit records are carved from, and what is left of it. */
@@ -237,7 +237,7 @@ void *arena_meta(size_t size) {
     hak_lock(&arena_lock);
     if (arena_meta_left < size) {
         hak_unlock(&arena_lock);
-        uint8_t *u = arena_alloc(ARENA_UNIT);
+        uint8_t *u = arena_take(ARENA_UNIT); /* (records: small pages) */
         if (u == NULL) return NULL;
         hak_lock(&arena_lock);
         arena_meta_cur = u; /* (a unit another thread took meanwhile keeps its rest) */

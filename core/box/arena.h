@@ -32,10 +32,11 @@ bool arena_ss_shrink(size_t top);
 bool arena_trim(void);
 
 /* `size` bytes (a page multiple), readable, writable and zero, starting
- * on a 2 MiB boundary. From the upper half while it has
- * room, else a mapping of its own; NULL when the OS refuses both. */
+ * on a 2 MiB boundary, in huge pages with HAKMEM_HUGEPAGES=2. From the
+ * upper half while it has room, else a mapping of its own; NULL when the
+ * OS refuses both. */
 void *arena_alloc(size_t size);
-/* Records a tier keeps for the life of the process (heap records,
+/* Records a tier keeps for the life of the process (small pages always) (heap records,
  * descriptor chunks): `size` bytes (at most 2 MiB), zeroed, 64-byte aligned,
  * carved from units they share, so a few small records cost one unit of
  * address space, not one each. Never given back. NULL when out of memory. */

@@ -47,11 +47,11 @@ struct hak_config {
 extern HAK_HIDDEN struct hak_config hak_cfg;
 
 /* HAKMEM_HUGEPAGES=2: the small-block heaps are in huge pages, so their
- * free memory ages out to the OS only in whole units (an empty SuperSlab,
- * bundle or chunk), not page by page: a partial decommit would split the
- * huge page, the next touch would fault again, and khugepaged would collapse
- * the rest back into a whole one anyway. malloc_trim, asked for, still
- * gives back every free page. */
+ * free memory goes back to the OS only in whole units (an empty SuperSlab,
+ * bundle or chunk), never page by page, malloc_trim included: a partial
+ * decommit would split the huge page, the next touch would fault again, and
+ * khugepaged would collapse the unit back into a whole huge page, pages the
+ * tier then takes as given back. */
 static inline bool hak_huge_heaps(void) {
     return hak_cfg.hugepages == HAK_HUGE_ALL;
 }

@@ -347,7 +347,9 @@ static void ss_retire(struct superslab *ss) {
     }
     ss->unused_mask = SS_ALL_SLOTS;
     ss_st.retired++;
-    bool cache = ss_st.cached < hak_cfg.ss_cache;
+    /* (Not in huge pages: a cached SuperSlab keeps its first slot, and the
+     * rest, decommitted, would split the huge page.) */
+    bool cache = ss_st.cached < hak_cfg.ss_cache && !hak_huge_heaps();
     if (cache) ss_st.cached++; /* its place in the cache, held */
     hak_unlock(&ss_lock);
     /* Cached: the header slot kept, the 31 data slots' pages given back, so
@@ -577,9 +579,8 @@ static bool ss_purge_pass(bool all) {
         for (struct ss_slab *s = lf_take_all(&ss_empty[cls].s), *next; s; s = next) {
             next = s->next;
             /* A slot purged before is carved 0: nothing of it is resident.
-             * Huge pages age out whole, with their SuperSlab only (a trim
-             * takes them all the same). */
-            bool held = s->carved != 0 && (all || !huge);
+             * Huge pages go back whole, with their SuperSlab only. */
+            bool held = s->carved != 0 && !huge;
             bool due = held && (all || s->epoch != epoch);
             struct superslab *ss = ss_of(s);
             if (nidle < SS_IDLE_MAX &&
