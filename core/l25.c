@@ -1127,7 +1127,9 @@ static inline uint64_t l25_next_run(uint64_t *bits) {
  * neighbours that may be live. True when pages went (not refused:
  * mlockall). */
 static bool l25_run_decommit(struct l25_bundle *b, uint32_t w, uint64_t run) {
-    if (hak_huge_heaps()) return false; /* whole bundles only */
+    /* Huge pages: whole bundles only. The passes run as ever and clear the
+     * run's dirty bits, so nothing stays due. */
+    if (hak_huge_heaps()) return false;
     size_t first = (size_t)w * 64 + (size_t)__builtin_ctzll(run),
            last = first + (size_t)__builtin_popcountll(run);
     uintptr_t lo = hak_align_up((uintptr_t)b->base + first * b->stride, HAK_PAGE_SIZE);
@@ -1180,7 +1182,6 @@ static bool l25_decommit_free(struct l25_bundle *b, uint64_t eligible) {
  * next refills take). Its owner's. */
 static bool l25_heap_purge(struct l25_heap *h) {
     bool released = false;
-    if (hak_huge_heaps()) return false; /* (nothing to do: whole bundles only) */
     for (uint32_t k = 0; k < L25_NCLASSES; k++) {
         for (struct l25_bundle *b = h->partial[k]; b; b = b->next) {
             uint64_t keep = 0, avail = b->avail1 & b->dirty1;
@@ -1215,7 +1216,7 @@ static uint64_t l25_heap_due(struct l25_heap *h) {
     uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
     for (struct l25_bundle *b = h->empty; b && b->committed; b = b->next)
         if (b->empty_ms + age < next) next = b->empty_ms + age;
-    for (uint32_t k = 0; k < L25_NCLASSES && !hak_huge_heaps(); k++)
+    for (uint32_t k = 0; k < L25_NCLASSES; k++)
         for (struct l25_bundle *b = h->partial[k]; b; b = b->next)
             if ((b->avail1 & b->dirty1) != 0 && h->purge_ms < next) next = h->purge_ms;
     return next;
@@ -1355,7 +1356,6 @@ bool l25_trim(void) {
  * such while it has a free block). Shard lock held. */
 static bool l25_idle(struct l25_shard *s) {
     if (atomic_load_explicit(&s->ncommitted, memory_order_relaxed)) return false;
-    if (hak_huge_heaps()) return true; /* free blocks keep their pages: nothing to age */
     for (struct l25_bundle *b = s->partial; b; b = b->next)
         if (b->dirty == NULL ? b->navail != 0 : (b->avail1 & b->dirty1) != 0) return false;
     return true;
@@ -1460,7 +1460,7 @@ static bool l25_shard_purge(struct l25_shard *s, bool all) {
 
 static bool l25_purge(uint64_t now) {
     bool released = l25_sweep(now, NULL, NULL); /* (the empty bundles) */
-    for (uint32_t cls = 0; cls < SMALL_NCLASSES && !hak_huge_heaps(); cls++)
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++)
             if (atomic_load_explicit(&l25_shards[cls][sh].work, memory_order_relaxed))
                 released |= l25_shard_purge(&l25_shards[cls][sh], false);
@@ -1502,7 +1502,7 @@ static bool l25_due_shard(struct l25_shard *s, void *arg) {
     uint64_t age = hak_cfg.bigcache_age_ms;
     for (struct l25_bundle *b = s->empty; b && b->committed; b = b->next)
         if (b->empty_ms + age < d->next) d->next = b->empty_ms + age;
-    for (struct l25_bundle *b = s->partial; b && !d->dirty && !hak_huge_heaps(); b = b->next)
+    for (struct l25_bundle *b = s->partial; b && !d->dirty; b = b->next)
         d->dirty = b->dirty != NULL && (b->avail1 & b->dirty1) != 0;
     return false;
 }

@@ -803,7 +803,6 @@ static struct large_entry large_cache_claim(const void *at, size_t min, uint64_t
     return got;
 }
 
-/* Keep h for reuse. */
 /* Keep h, freed at `freed_ms`, for reuse. */
 static void large_cache_put_at(struct large_hdr *h, uint64_t freed_ms, struct large_cache *lc) {
     large_cache_add_to(lc, (struct large_entry){.at = large_start(h),
