@@ -8,8 +8,9 @@ PREFIX  ?= /usr/local
 VERSION := $(shell sed -n 's/^\#define HAKMEM_VERSION "\(.*\)"/\1/p' include/hakmem.h)
 SOMAJOR := 0
 
-SRCS := $(wildcard core/*.c core/box/*.c core/front/*.c core/superslab/*.c)
-HDRS := $(wildcard include/*.h core/*.h core/box/*.h core/front/*.h core/superslab/*.h)
+# Every module under core/, one folder deep (core/box/, core/large/, ...).
+SRCS := $(wildcard core/*.c core/*/*.c)
+HDRS := $(wildcard include/*.h core/*.h core/*/*.h)
 
 # -fno-builtin: the compiler must not turn our own code into calls to malloc
 # (e.g. malloc+memset -> calloc) that would recurse into hakmem.
