@@ -6,8 +6,8 @@
 #include "box/os.h"
 #include "box/rmap.h"
 #include "box/secret.h"
+#include "box/thread.h"
 #include "box/usage.h"
-#include "front/lifecycle.h"
 #include "sizeclass.h"
 
 #include <errno.h>
@@ -378,7 +378,7 @@ static void chk_thread_give(struct chk_thread *t) {
 static inline struct chk_thread *chk_thread_get(bool *lent) {
     *lent = false;
     if (hak_likely(chk_me != NULL)) return chk_me;
-    if (!life_thread_arm()) {
+    if (!thread_arm()) {
         *lent = true;
         return chk_thread_take();
     }

@@ -1,14 +1,14 @@
 #include "tcache.h"
 
-#include "check.h"
-#include "front/lifecycle.h"
+#include "box/thread.h"
 
 __thread struct hak_tcache hak_tc;
+bool tc_off;
 
 bool tc_thread_start(void) {
-    /* (Arming reads the settings: in checked mode the caches stay closed, so
-     * every malloc misses into the checked tier.) */
-    if (!life_thread_arm() || chk_on) return false;
+    /* (With caches off they stay closed, so every malloc misses. tc_off is
+     * read after arming, which acquires what start-up set before it.) */
+    if (!thread_arm() || tc_off) return false;
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
         hak_tc.cnt[cls].room = (int16_t)(hak_tc.cap[cls] = small_class_cap[cls]);
     hak_tc.open = true;

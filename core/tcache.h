@@ -255,10 +255,15 @@ static inline void tc_shrink(uint32_t cls) {
         tc_set_cap(cls, small_class_cap[cls]);
 }
 
+/* No thread caches in this process: set once at start-up, before any thread
+ * caches (checked mode serves every allocation itself). */
+extern HAK_HIDDEN bool tc_off;
+
 /* A thread's first slow path: arm its exit hook and open the caches. False
  * when the hook cannot be armed (start-up still running in another thread,
- * or the thread is past its exit hook): the thread must then work uncached,
- * so nothing it frees is stranded in a cache nobody will return. */
+ * or the thread is past its exit hook) or caches are off: the thread must
+ * then work uncached, so nothing it frees is stranded in a cache nobody will
+ * return. */
 bool tc_thread_start(void);
 /* Thread exit: close the caches, so later frees take the slow path again. */
 void tc_thread_close(void);

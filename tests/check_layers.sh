@@ -1,24 +1,95 @@
 #!/bin/bash
-# Boxes never call up: a file under core/box/ includes only other boxes'
-# headers, sizes.h and the public hakmem.h, never a tier's (tiny.h, pool.h,
-# l25.h, large.h, check.h, tcache.h, superslab/) or the front's. Fails,
-# naming file and line, otherwise. (The stats box once gathered the tiers'
-# counters itself; the front's collector, core/front/report.c, does now.)
+# Calls go one way: every #include "..." under core/ points to its own
+# module or to a lower layer, never up, never sideways to another tier.
+#
+#   0  boxes       core/box/, core/sizes.h, core/sizeclass.h, include/hakmem.h
+#   1  superslab   core/superslab/
+#   2  tcache      core/tcache.h, core/tcache.c
+#   3  tiers       core/tiny.*, core/pool.*, core/l25.*, core/large.* or core/large/,
+#                  core/check.* or core/check/ (each a module of its own)
+#   4  front       core/front/
+#
+# A box may include any other box (they form one layer); a tier only its
+# own files and the layers below. Fails naming file, line and the two
+# layers; then, as `--self-test` alone does, checks that the check fails on an upward include
+# added on purpose (a copy of core/ with tcache.c including the front).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [ "${1:-}" = "--self-test" ]; then
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/hakmem-layers.XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    mkdir -p "$tmp/tests"
+    cp -r core include "$tmp/"
+    cp tests/check_layers.sh "$tmp/tests/"
+    [ -f "$tmp/core/tcache.c" ] || {
+        echo "FAIL check_layers --self-test: core/tcache.c not found"
+        exit 1
+    }
+    printf '#include "front/front.h"\n' >>"$tmp/core/tcache.c"
+    if out=$(LAYERS_INNER=1 bash "$tmp/tests/check_layers.sh" 2>&1); then
+        echo "FAIL check_layers --self-test: an upward include passed"
+        exit 1
+    fi
+    grep -q 'core/tcache.c:.*front/front.h' <<<"$out" || {
+        echo "FAIL check_layers --self-test: the upward include was not named: $out"
+        exit 1
+    }
+    echo "PASS check_layers --self-test"
+    exit 0
+fi
 
 [ -d core/box ] || {
     echo "FAIL check_layers: core/box/ not found"
     exit 1
 }
-violations=$(
-    grep -nHE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' core/box/*.c core/box/*.h |
-        grep -vE '#[[:space:]]*include[[:space:]]*"(box/[a-z_]+\.h|sizes\.h|hakmem\.h)"' || true
-)
-if [ -n "$violations" ]; then
-    while IFS= read -r v; do
-        echo "FAIL check_layers: $v"
-    done <<<"$violations"
+
+# layer_of PATH (relative to core/, or hakmem.h) -> "layer module"
+layer_of() {
+    case "$1" in
+    hakmem.h | sizes.h | sizeclass.h | sizeclass.c | box/*) echo "0 box" ;;
+    superslab/*) echo "1 superslab" ;;
+    tcache.h | tcache.c) echo "2 tcache" ;;
+    tiny.[ch]) echo "3 tiny" ;;
+    pool.[ch]) echo "3 pool" ;;
+    l25.[ch] | l25/*) echo "3 l25" ;;
+    large.[ch] | large/*) echo "3 large" ;;
+    check.[ch] | check/*) echo "3 check" ;;
+    front/*) echo "4 front" ;;
+    *) echo "? ?" ;;
+    esac
+}
+names=(box superslab tcache tier front)
+
+fails=0
+while IFS= read -r file; do
+    rel=${file#core/}
+    read -r fl fm <<<"$(layer_of "$rel")"
+    if [ "$fl" = "?" ]; then
+        echo "FAIL check_layers: $file is in no layer (add it to tests/check_layers.sh)"
+        fails=$((fails + 1))
+        continue
+    fi
+    while IFS=: read -r line inc; do
+        inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/' <<<"$inc")
+        read -r il im <<<"$(layer_of "$inc")"
+        if [ "$il" = "?" ]; then
+            echo "FAIL check_layers: $file:$line includes \"$inc\", in no layer"
+            fails=$((fails + 1))
+        elif [ "$il" -gt "$fl" ]; then
+            echo "FAIL check_layers: $file:$line (${names[$fl]}) includes \"$inc\" (${names[$il]}): a call up"
+            fails=$((fails + 1))
+        elif [ "$il" -eq 3 ] && [ "$fl" -eq 3 ] && [ "$im" != "$fm" ]; then
+            echo "FAIL check_layers: $file:$line (tier $fm) includes \"$inc\" (tier $im): tiers do not call each other"
+            fails=$((fails + 1))
+        fi
+    done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file" || true)
+done < <(find core -type f \( -name '*.c' -o -name '*.h' \) | sort)
+
+if [ "$fails" -ne 0 ]; then
     exit 1
 fi
 echo "PASS check_layers"
+# And the check itself is shown to catch a call up (not from the self-test's
+# own run).
+[ -n "${LAYERS_INNER:-}" ] || exec bash "$0" --self-test

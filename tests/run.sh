@@ -202,15 +202,15 @@ run_bins out/tests: \
     "$checked_bins:HAKMEM_CHECK=1"
 step_done "cmocka suites (debug, ubsan, tsan, checked mode; $TEST_JOBS at a time)"
 
-# Project checks, one test each: OS calls only in the OS boundary; boxes
-# include no tier or front header; make install + pkg-config produce a
-# working shared and static link; the hakmem command runs programs on the
-# library; the heap profiler's profiles read by google-pprof; its stack
-# walker after a library is unloaded and another loaded in its place; the bench
-# report's ratios and chart (bench/chart.py) from synthetic results; the
-# harness itself (a hung, crashed or silent program is counted so); the
-# many-core costs (atomics, locks, shared cache lines per op, counted by the
-# count build) within tests/scale/budgets.
+# Project checks, one test each: OS calls only in the OS boundary; calls go
+# one way through the layers (and the check catches one that does not); make
+# install + pkg-config produce a working shared and static link; the hakmem
+# command runs programs on the library; the heap profiler's profiles read by
+# google-pprof; its stack walker after a library is unloaded and another
+# loaded in its place; the bench report's ratios and chart (bench/chart.py)
+# from synthetic results; the harness itself (a hung, crashed or silent
+# program is counted so); the many-core costs (atomics, locks, shared cache
+# lines per op, counted by the count build) within tests/scale/budgets.
 for check in tests/check_os_boundary.sh tests/check_layers.sh tests/check_install.sh \
     tests/check_command.sh tests/check_prof.sh tests/check_unwind.sh tests/check_bench_report.sh \
     tests/check_harness.sh tests/scale/scale.py; do

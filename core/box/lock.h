@@ -6,6 +6,7 @@
 #ifndef HAK_LOCK_H
 #define HAK_LOCK_H
 
+#include "box/thread.h"
 #include "sizes.h"
 
 #include <errno.h>
@@ -15,8 +16,6 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-extern HAK_HIDDEN __thread bool hak_in_fork;
 
 /* The count build (make count, tests/scale/count.c) counts every lock taken,
  * by call site, and a mutex's word as written by its taker (the mutex's

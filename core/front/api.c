@@ -393,7 +393,7 @@ static __attribute__((noinline)) void front_purge(void) {
 static inline void *front_class_slow(uint32_t cls) {
     /* A thread that may not cache (its exit has begun) has no cache and no
      * heap: the L2.5 tier's bundles serve it, one block at a time. */
-    if (hak_unlikely(!hak_tc.open) && !tc_thread_start()) return l25_alloc_uncached(cls);
+    if (hak_unlikely(!hak_tc.open) && !life_thread_start()) return l25_alloc_uncached(cls);
     if (cls >= POOL_END) return l25_alloc_slow(cls);
     void *p = cls < TINY_NCLASSES ? tiny_alloc_slow(cls) : pool_alloc_slow(cls);
     /* Its tier had no memory (a full SuperSlab range, a refused chunk): the

@@ -6,6 +6,7 @@
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/prof.h"
+#include "box/thread.h"
 #include "box/usage.h"
 #include "check.h"
 #include "front/report.h"
@@ -24,24 +25,16 @@
 
 enum { LIFE_NEW, LIFE_STARTING, LIFE_READY };
 static _Atomic int life_state = LIFE_NEW;
-static pthread_key_t life_key;
-static bool life_key_ok;
 
-static __thread bool life_armed;
-static __thread bool life_arming; /* pthread_setspecific may itself allocate */
-/* Past the exit hook: glibc may still free (its own thread-exit clean-up runs
- * after key destructors) or allocate in later destructors, and nothing would
- * return what such a thread caches. */
-static __thread bool life_exited;
+/* A thread arms its exit hook (box/thread.h): the hook publishes what is
+ * pending. */
+static void life_thread_armed(void) {
+    usage_thread_start();
+    large_thread_start();
+}
 
-__thread bool hak_in_fork;
-
-/* Runs at thread exit (pthread key destructor). A thread that allocates again
- * afterwards (another destructor) re-arms, and glibc calls us once more. */
-static void life_thread_exit(void *unused) {
-    (void)unused;
-    life_armed = false;
-    life_exited = true;
+/* Runs at thread exit (box/thread.h). */
+static void life_thread_exit(void) {
     pool_thread_exit();
     l25_thread_exit();
     /* Last before the caches close: a Tiny free in the steps above (a
@@ -100,9 +93,12 @@ static void life_begin(void) {
     if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_NEW) return;
     if (!atomic_compare_exchange_strong(&life_state, &s, LIFE_STARTING)) return;
     config_load();
-    if (hak_cfg.check) chk_start();
-    life_key_ok = pthread_key_create(&life_key, life_thread_exit) == 0;
+    if (hak_cfg.check) {
+        chk_start();
+        tc_off = true; /* checked mode serves every allocation */
+    }
     pthread_atfork(life_fork_prepare, life_fork_parent, life_fork_child);
+    thread_start(life_thread_armed, life_thread_exit); /* threads may arm from here on */
     atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
 }
 
@@ -114,22 +110,9 @@ void hak_init(void) {
     if (environ != NULL) life_begin();
 }
 
-bool life_thread_arm(void) {
-    if (hak_likely(life_armed)) return true;
-    if (life_exited || life_arming) return false;
-    if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_READY) {
-        hak_init();
-        if (atomic_load_explicit(&life_state, memory_order_acquire) != LIFE_READY) return false;
-    }
-    if (!life_key_ok) return false;
-    life_arming = true;
-    life_armed = pthread_setspecific(life_key, &life_armed) == 0; /* any non-NULL value */
-    life_arming = false;
-    if (life_armed) { /* the hook publishes what is pending */
-        usage_thread_start();
-        large_thread_start();
-    }
-    return life_armed;
+bool life_thread_start(void) {
+    hak_init(); /* the first slow path of the process reads the settings */
+    return tc_thread_start();
 }
 
 __attribute__((constructor)) static void life_start(void) {

@@ -9,10 +9,9 @@
  * tier state is statically initialised), so a malloc from inside it is fine. */
 void hak_init(void);
 
-/* Make sure this thread's caches are returned when it exits. Slow paths call
- * it before a thread starts caching; false means the thread must not cache:
- * start-up is still running in another thread, the thread-exit key could not
- * be created, or this thread is already past its exit hook. */
-bool life_thread_arm(void);
+/* A thread's first slow path: start-up if it has not run yet, then open
+ * this thread's caches (tc_thread_start). False: the thread works
+ * uncached. */
+bool life_thread_start(void);
 
 #endif
