@@ -7,6 +7,7 @@
 #include "box/rmap.h"
 #include "box/secret.h"
 #include "box/thread.h"
+#include "box/tier.h"
 #include "box/usage.h"
 #include "sizeclass.h"
 
@@ -1102,3 +1103,20 @@ void chk_fork_release(void) {
     hak_unlock(&chk_q_lock);
     hak_unlock(&chk_t_lock);
 }
+
+/* ---- the tier contract (box/tier.h) ----------------------------------------- */
+
+static void chk_collect(enum tier_collect kind, struct tier_done *done) {
+    (void)done;
+    if (kind == TIER_EXIT) chk_thread_exit();
+}
+
+static void chk_tier_fork_release(bool child) {
+    (void)child;
+    chk_fork_release();
+}
+
+const struct tier_ops chk_tier = {.name = "check",
+                                  .collect = chk_collect,
+                                  .fork_prepare = chk_fork_prepare,
+                                  .fork_release = chk_tier_fork_release};

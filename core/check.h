@@ -64,4 +64,7 @@ void chk_exit(void);
 void chk_fork_prepare(void);
 void chk_fork_release(void);
 
+/* The tier contract (box/tier.h): chk_thread_exit, the locks at fork. */
+extern HAK_HIDDEN const struct tier_ops chk_tier;
+
 #endif

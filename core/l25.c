@@ -10,6 +10,7 @@
 #include "box/lfstack.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/tier.h"
 #include "box/usage.h"
 
 #include <assert.h>
@@ -1586,3 +1587,53 @@ void l25_get_stats(struct l25_stats *st) {
     st->free_decommitted = atomic_load_explicit(&l25_free_decommitted, memory_order_relaxed);
     hak_unlock(&l25_desc_lock);
 }
+
+/* ---- the tier contract (box/tier.h) ----------------------------------------- */
+
+static void l25_collect(enum tier_collect kind, struct tier_done *done) {
+    switch (kind) {
+    case TIER_THREAD:
+        l25_thread_age();
+        break;
+    case TIER_AGE:
+        tier_released(done, l25_age());
+        break;
+    case TIER_IDLE:
+        tier_due(done, l25_age_next());
+        break;
+    case TIER_TRIM: /* this thread's cache first: its blocks may be all a bundle holds */
+        l25_thread_flush();
+        tier_released(done, l25_trim());
+        break;
+    case TIER_EXIT:
+        l25_thread_exit();
+        break;
+    }
+}
+
+static void l25_tier_fork_release(bool child) {
+    (void)child;
+    l25_fork_release();
+}
+
+static void l25_tier_stats(struct tier_stats *s) {
+    struct l25_stats st;
+    l25_get_stats(&st);
+    s->mapped += st.bytes_mapped;
+    s->carved += st.carved_bytes;
+    tier_row(s, "l25.bundles_mapped", st.bundles_mapped);
+    tier_row(s, "l25.bundles_unmapped", st.bundles_unmapped);
+    tier_row(s, "l25.bytes_mapped", st.bytes_mapped);
+    tier_row(s, "l25.bytes_out", st.carved_bytes);
+    tier_row(s, "l25.refills", st.refills);
+    tier_row(s, "l25.flushes", st.flushes);
+    tier_row(s, "l25.decommits", st.decommits);
+    tier_row(s, "l25.free_decommitted", st.free_decommitted);
+}
+
+const struct tier_ops l25_tier = {.name = "l25",
+                                  .collect = l25_collect,
+                                  .fork_prepare = l25_fork_prepare,
+                                  .fork_release = l25_tier_fork_release,
+                                  .fork_child = l25_fork_child,
+                                  .stats = l25_tier_stats};

@@ -246,4 +246,8 @@ struct l25_stats {
 };
 void l25_get_stats(struct l25_stats *st);
 
+/* The tier contract (box/tier.h): l25_thread_age, l25_age, l25_age_next,
+ * l25_trim, l25_thread_exit, the locks at fork, the counters. */
+extern HAK_HIDDEN const struct tier_ops l25_tier;
+
 #endif

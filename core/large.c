@@ -11,6 +11,7 @@
 #include "box/config.h"
 #include "box/diag.h"
 #include "box/secret.h"
+#include "box/tier.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/prof.h"
@@ -1960,3 +1961,52 @@ void large_get_stats(struct large_stats *s) {
         large_shard_unlock(lc);
     }
 }
+
+/* ---- the tier contract (box/tier.h) ----------------------------------------- */
+
+static void large_collect(enum tier_collect kind, struct tier_done *done) {
+    switch (kind) {
+    case TIER_IDLE:
+        tier_due(done, large_age_next());
+        break;
+    case TIER_TRIM:
+        tier_released(done, large_trim());
+        break;
+    case TIER_EXIT:
+        large_thread_exit();
+        break;
+    default:
+        break; /* (the tier ages on its own calls) */
+    }
+}
+
+static void large_tier_fork_release(bool child) {
+    (void)child;
+    large_fork_release();
+}
+
+static void large_tier_stats(struct tier_stats *s) {
+    struct large_stats l;
+    large_get_stats(&l);
+    s->own_blocks += l.live_blocks;
+    s->own_bytes += l.live_bytes;
+    s->kept_bytes += l.cached_bytes;
+    tier_row(s, "large.allocs", l.allocs);
+    tier_row(s, "large.frees", l.frees);
+    tier_row(s, "large.cache_hits", l.cache_hits);
+    tier_row(s, "large.remaps_inplace", l.remaps_inplace);
+    tier_row(s, "large.remaps_moved", l.remaps_moved);
+    tier_row(s, "large.live_blocks", l.live_blocks);
+    tier_row(s, "large.live_bytes", l.live_bytes);
+    tier_row(s, "large.cached_blocks", l.cached_blocks);
+    tier_row(s, "large.cached_bytes", l.cached_bytes);
+    tier_row(s, "large.cache_decommits", l.cache_decommits);
+}
+
+const struct tier_ops large_tier = {.name = "large",
+                                    .collect = large_collect,
+                                    .thread_armed = large_thread_start,
+                                    .fork_prepare = large_fork_prepare,
+                                    .fork_release = large_tier_fork_release,
+                                    .fork_child = large_fork_child,
+                                    .stats = large_tier_stats};

@@ -10,6 +10,8 @@
 #ifndef HAK_LARGE_H
 #define HAK_LARGE_H
 
+#include "sizes.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -83,5 +85,9 @@ struct large_stats {
     uint64_t cache_decommits; /* cached mappings whose pages were given back */
 };
 void large_get_stats(struct large_stats *s);
+
+/* The tier contract (box/tier.h): large_age_next, large_trim, the thread's
+ * counters, the locks at fork, the counters. */
+extern HAK_HIDDEN const struct tier_ops large_tier;
 
 #endif

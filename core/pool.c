@@ -10,6 +10,7 @@
 #include "box/lfstack.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/tier.h"
 #include "box/usage.h"
 
 #include <errno.h>
@@ -462,3 +463,48 @@ void pool_get_stats(struct pool_stats *s) {
     s->remote_frees = (uint64_t)atomic_load_explicit(&pool_st_remote, memory_order_relaxed);
     s->drains = (uint64_t)atomic_load_explicit(&pool_st_drains, memory_order_relaxed);
 }
+
+/* ---- the tier contract (box/tier.h) ----------------------------------------- */
+
+static void pool_collect(enum tier_collect kind, struct tier_done *done) {
+    switch (kind) {
+    case TIER_THREAD:
+        pool_age();
+        break;
+    case TIER_IDLE:
+        tier_due(done, pool_age_parked());
+        break;
+    case TIER_TRIM:
+        tier_released(done, pool_trim());
+        break;
+    case TIER_EXIT:
+        pool_thread_exit();
+        break;
+    default:
+        break;
+    }
+}
+
+static void pool_tier_fork_release(bool child) {
+    (void)child;
+    pool_fork_release();
+}
+
+static void pool_tier_stats(struct tier_stats *s) {
+    struct pool_stats o;
+    pool_get_stats(&o);
+    s->mapped += o.bytes_live;
+    s->carved += o.carved_bytes;
+    tier_row(s, "pool.chunks_mapped", o.chunks_mapped);
+    tier_row(s, "pool.chunks_unmapped", o.chunks_unmapped);
+    tier_row(s, "pool.bytes_mapped", o.bytes_live);
+    tier_row(s, "pool.carved_bytes", o.carved_bytes);
+    tier_row(s, "pool.remote_frees", o.remote_frees);
+    tier_row(s, "pool.drains", o.drains);
+}
+
+const struct tier_ops pool_tier = {.name = "pool",
+                                   .collect = pool_collect,
+                                   .fork_prepare = pool_fork_prepare,
+                                   .fork_release = pool_tier_fork_release,
+                                   .stats = pool_tier_stats};

@@ -152,4 +152,8 @@ struct pool_stats {
 };
 void pool_get_stats(struct pool_stats *s);
 
+/* The tier contract (box/tier.h): pool_age, pool_age_parked, pool_trim,
+ * pool_thread_exit, the locks at fork, the counters. */
+extern HAK_HIDDEN const struct tier_ops pool_tier;
+
 #endif

@@ -1,6 +1,7 @@
 #include "tcache.h"
 
 #include "box/thread.h"
+#include "box/tier.h"
 
 __thread struct hak_tcache hak_tc;
 bool tc_off;
@@ -21,3 +22,10 @@ void tc_thread_close(void) {
         hak_tc.cnt[cls].room = (int16_t)(hak_tc.cap[cls] = 0);
     hak_tc.open = false;
 }
+
+static void tc_collect(enum tier_collect kind, struct tier_done *done) {
+    (void)done;
+    if (kind == TIER_EXIT) tc_thread_close(); /* after the tiers above flushed the lists */
+}
+
+const struct tier_ops tc_tier = {.name = "tcache", .collect = tc_collect};

@@ -268,4 +268,8 @@ bool tc_thread_start(void);
 /* Thread exit: close the caches, so later frees take the slow path again. */
 void tc_thread_close(void);
 
+/* Its part of the tier contract (box/tier.h): the caches close at a
+ * thread's exit, after every tier above flushed its lists. */
+extern HAK_HIDDEN const struct tier_ops tc_tier;
+
 #endif

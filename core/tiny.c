@@ -6,6 +6,7 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/tier.h"
 #include "box/lfstack.h"
 #include "box/usage.h"
 
@@ -664,3 +665,45 @@ void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]) {
         st[c].adopted = atomic_load(&tiny_st[c][ST_ADOPTED]);
     }
 }
+
+/* ---- the tier contract (box/tier.h) ----------------------------------------- */
+
+static void tiny_collect(enum tier_collect kind, struct tier_done *done) {
+    switch (kind) {
+    case TIER_THREAD:
+        tiny_age();
+        break;
+    case TIER_TRIM:
+        tier_released(done, tiny_trim());
+        break;
+    /* Last of the tiers with thread caches (the table's reverse order): a
+     * Tiny free in their exits (a signal handler's) would go into the
+     * cache, whatever slab it is of. */
+    case TIER_EXIT:
+        tiny_thread_exit();
+        break;
+    default:
+        break;
+    }
+}
+
+static void tiny_tier_stats(struct tier_stats *s) {
+    if (s->classes == NULL) return;
+    struct tiny_class_stats st[TINY_NCLASSES];
+    tiny_get_stats(st);
+    for (uint32_t c = 0; c < TINY_NCLASSES; c++)
+        s->classes[c] = (struct stats_class){
+            .cls = c,
+            .size = small_class_size[c],
+            .allocs = st[c].allocs,
+            .frees = st[c].frees,
+            .refills = st[c].refills,
+            .flushes = st[c].flushes,
+            .remote_frees = st[c].remote_frees,
+            .adopted = st[c].adopted,
+        };
+    s->nclasses = TINY_NCLASSES;
+}
+
+const struct tier_ops tiny_tier = {
+    .name = "tiny", .collect = tiny_collect, .stats = tiny_tier_stats};

@@ -119,4 +119,8 @@ struct tiny_class_stats {
 };
 void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]);
 
+/* The tier contract (box/tier.h): tiny_age, tiny_trim, tiny_thread_exit;
+ * the per-class table of the stats report. */
+extern HAK_HIDDEN const struct tier_ops tiny_tier;
+
 #endif

@@ -4,6 +4,7 @@
 #include "box/config.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/tier.h"
 #include "sizes.h"
 
 #include <pthread.h>
@@ -308,3 +309,29 @@ void arena_get_stats(struct arena_stats *s) {
     s->fallbacks = arena_fallbacks;
     hak_unlock(&arena_lock);
 }
+
+/* ---- the tier contract (box/tier.h) ----------------------------------------- */
+
+static void arena_collect(enum tier_collect kind, struct tier_done *done) {
+    if (kind == TIER_TRIM)
+        tier_released(done, arena_trim()); /* after the tiers: what they gave back */
+}
+
+static void arena_tier_fork_release(bool child) {
+    (void)child;
+    arena_fork_release();
+}
+
+static void arena_tier_stats(struct tier_stats *s) {
+    struct arena_stats a;
+    arena_get_stats(&a);
+    tier_row(s, "arena.reserved_bytes", a.reserved);
+    tier_row(s, "arena.units_used", a.units_used);
+    tier_row(s, "arena.fallbacks", a.fallbacks);
+}
+
+const struct tier_ops arena_tier = {.name = "arena",
+                                    .collect = arena_collect,
+                                    .fork_prepare = arena_fork_prepare,
+                                    .fork_release = arena_tier_fork_release,
+                                    .stats = arena_tier_stats};

@@ -13,6 +13,8 @@
 #ifndef HAK_ARENA_H
 #define HAK_ARENA_H
 
+#include "sizes.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,5 +57,9 @@ struct arena_stats {
     uint64_t fallbacks;  /* allocations that had to map their own */
 };
 void arena_get_stats(struct arena_stats *s);
+
+/* Its part of the tier contract (box/tier.h): arena_trim at malloc_trim,
+ * its lock at fork (taken inside the tiers' own), its counters. */
+extern HAK_HIDDEN const struct tier_ops arena_tier;
 
 #endif

@@ -2,6 +2,7 @@
  * syscall when the kernel honours it, which it does unless the range is taken)
  * and fall back to over-mapping and trimming. */
 #include "box/os.h"
+#include "box/tier.h"
 #include "box/clock.h"
 
 #include "sizes.h"
@@ -556,3 +557,21 @@ bool os_move(void *p, size_t old_size, size_t new_size, void *dst) {
     if (errno == ENOMEM) os_granted(false);
     return false;
 }
+
+/* ---- the tier contract (box/tier.h) ----------------------------------------- */
+
+static void os_tier_fork_release(bool child) {
+    if (child) os_fork_child();
+}
+
+static void os_tier_stats(struct tier_stats *s) {
+    tier_row(s, "os.mmap", os_calls(OS_MMAP));
+    tier_row(s, "os.munmap", os_calls(OS_MUNMAP));
+    tier_row(s, "os.madvise", os_calls(OS_MADVISE));
+    tier_row(s, "os.mremap", os_calls(OS_MREMAP));
+    tier_row(s, "os.mprotect", os_calls(OS_MPROTECT));
+    tier_row(s, "os.mlock", os_calls(OS_MLOCK));
+}
+
+const struct tier_ops os_tier = {
+    .name = "os", .fork_release = os_tier_fork_release, .stats = os_tier_stats};

@@ -4,6 +4,8 @@
 #ifndef HAK_OS_H
 #define HAK_OS_H
 
+#include "sizes.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -178,5 +180,9 @@ extern void (*_Atomic os_decommit_hook)(void *p, size_t size);
  * guard markers, while `on` (tests of that path). */
 void os_fault_no_markers(bool on);
 #endif
+
+/* Its part of the tier contract (box/tier.h): the calls' counters, and
+ * os_fork_child in a fork child. */
+extern HAK_HIDDEN const struct tier_ops os_tier;
 
 #endif

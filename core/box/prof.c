@@ -4,6 +4,7 @@
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/secret.h"
+#include "box/tier.h"
 #include "box/unwind.h"
 
 #include <errno.h>
@@ -560,3 +561,11 @@ void prof_fork_prepare(void) {
 void prof_fork_release(void) {
     hak_spin_unlock(&prof_lock);
 }
+
+static void prof_tier_fork_release(bool child) {
+    (void)child;
+    prof_fork_release();
+}
+
+const struct tier_ops prof_tier = {
+    .name = "prof", .fork_prepare = prof_fork_prepare, .fork_release = prof_tier_fork_release};

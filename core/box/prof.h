@@ -97,4 +97,7 @@ void prof_exit(void);
 void prof_fork_prepare(void);
 void prof_fork_release(void);
 
+/* Its part of the tier contract (box/tier.h): its lock at fork. */
+extern HAK_HIDDEN const struct tier_ops prof_tier;
+
 #endif

@@ -1,4 +1,5 @@
 #include "box/usage.h"
+#include "box/tier.h"
 
 #include <stdatomic.h>
 
@@ -41,3 +42,11 @@ uint64_t usage_peak(void) {
     int64_t v = atomic_load_explicit(&usage_bytes_peak, memory_order_relaxed);
     return v > 0 ? (uint64_t)v : 0;
 }
+
+static void usage_collect(enum tier_collect kind, struct tier_done *done) {
+    (void)done;
+    if (kind == TIER_EXIT) usage_thread_exit(); /* last: after the flushes, which count */
+}
+
+const struct tier_ops usage_tier = {
+    .name = "usage", .collect = usage_collect, .thread_armed = usage_thread_start};

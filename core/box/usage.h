@@ -82,4 +82,8 @@ void usage_thread_exit(void);
 uint64_t usage_current(void);
 uint64_t usage_peak(void);
 
+/* Its part of the tier contract (box/tier.h): usage_thread_start when a
+ * thread arms, usage_thread_exit when it exits. */
+extern HAK_HIDDEN const struct tier_ops usage_tier;
+
 #endif

@@ -11,6 +11,7 @@
 #include "front/front.h"
 #include "front/lifecycle.h"
 #include "front/report.h"
+#include "front/tiers.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -294,15 +295,7 @@ static void *front_pvalloc(size_t n) {
 }
 
 static int front_trim(void) {
-    l25_thread_flush();
-    bool any = tiny_trim();
-    any |= ss_trim();
-    any |= ss_purge(true);
-    any |= pool_trim();
-    any |= l25_trim();
-    any |= large_trim();
-    any |= arena_trim(); /* last: what the tiers gave back */
-    return any;
+    return tiers_collect(TIER_TRIM).released;
 }
 
 /* Out of memory: a request the OS refused may succeed once every cache has
@@ -375,9 +368,7 @@ static __attribute__((noinline)) void front_purge(void) {
          * blocks of each class, megabytes a thread that moved on keeps for
          * good) and heap (empty bundles, free blocks), and its Pool spares. */
         front_purge_mine = now + hak_cfg.bigcache_age_ms;
-        l25_thread_age();
-        pool_age();
-        tiny_age();
+        (void)tiers_collect(TIER_THREAD);
     }
     uint64_t next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);
     if (now < next) return;
@@ -386,8 +377,7 @@ static __attribute__((noinline)) void front_purge(void) {
                                                  now + hak_cfg.bigcache_age_ms,
                                                  memory_order_relaxed, memory_order_relaxed))
         return;
-    ss_purge(false); /* each tier's own timer says whether a pass is due */
-    l25_age();
+    (void)tiers_collect(TIER_AGE); /* each tier's own timer says whether a pass is due */
 }
 
 static inline void *front_class_slow(uint32_t cls) {
@@ -560,22 +550,15 @@ HAK_API int hak_stats_json(char *buf, size_t len) {
     return (int)report_json(buf, len);
 }
 HAK_API struct mallinfo2 hak_mallinfo2(void) {
-    struct l25_stats s;
-    struct large_stats l;
-    struct ss_stats t;
-    struct pool_stats o;
-    l25_get_stats(&s);
-    large_get_stats(&l);
-    ss_get_stats(&t);
-    pool_get_stats(&o);
+    struct tier_stats s = {0};
+    tiers_stats(&s);
     struct mallinfo2 mi = {0};
-    /* Size-classed address space: SuperSlabs, Pool chunks, L2.5 bundles. */
-    mi.arena = t.live * HAK_REGION_SIZE + o.bytes_live + s.bytes_mapped;
-    mi.uordblks = s.carved_bytes + t.carved_bytes + o.carved_bytes; /* carved into blocks */
-    mi.fordblks = mi.arena - mi.uordblks;                           /* not carved yet */
-    mi.hblks = l.live_blocks;
-    mi.hblkhd = l.live_bytes;
-    mi.keepcost = l.cached_bytes; /* freed large mappings kept for reuse */
+    mi.arena = s.mapped;                  /* size-classed address space */
+    mi.uordblks = s.carved;               /* carved into blocks */
+    mi.fordblks = mi.arena - mi.uordblks; /* not carved yet */
+    mi.hblks = s.own_blocks;
+    mi.hblkhd = s.own_bytes;
+    mi.keepcost = s.kept_bytes; /* freed mappings kept for reuse */
     return mi;
 }
 

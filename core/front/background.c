@@ -7,10 +7,7 @@
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/diag.h"
-#include "l25.h"
-#include "large.h"
-#include "pool.h"
-#include "superslab/ss.h"
+#include "front/tiers.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -29,18 +26,11 @@ static uint64_t bg_jiffy_ms;    /* how far hak_now_ms's coarse clock may lag */
 #define BG_STACK    (256 << 10) /* the passes need a few KiB */
 #define BG_JOIN_SEC 1
 
-static inline uint64_t bg_min(uint64_t a, uint64_t b) {
-    return a < b ? a : b;
-}
-
 /* Every tier ages what is due now. When the next thing is due; BG_NONE when
  * nothing that ages is cached. */
 static uint64_t bg_pass(void) {
     atomic_store_explicit(&bg_busy, true, memory_order_relaxed);
-    uint64_t next = large_age_next();
-    next = bg_min(next, l25_age_next());
-    next = bg_min(next, ss_age_next());
-    next = bg_min(next, pool_age_parked());
+    uint64_t next = tiers_collect(TIER_IDLE).next_ms;
     atomic_fetch_add_explicit(&bg_passes, 1, memory_order_relaxed);
     atomic_store_explicit(&bg_busy, false, memory_order_relaxed);
     return next;
@@ -122,15 +112,15 @@ void bg_stop(void) {
         atomic_store_explicit(&bg_running, false, memory_order_relaxed);
 }
 
-void bg_fork_prepare(void) {
+static void bg_fork_prepare(void) {
     bell_fork_prepare();
 }
 
-void bg_fork_parent(void) {
-    bell_fork_parent();
+static void bg_fork_release(bool child) {
+    if (!child) bell_fork_parent(); /* (the child's goes in bg_fork_child) */
 }
 
-void bg_fork_child(void) {
+static void bg_fork_child(void) {
     /* The parent's thread does not exist here: a new one, unless exit had
      * begun. Here rather than on the child's next allocation: glibc has
      * reset its loader and thread-stack locks before the child handlers
@@ -141,3 +131,8 @@ void bg_fork_child(void) {
     if (atomic_load_explicit(&bg_running, memory_order_relaxed) && !(go && bg_create()))
         atomic_store_explicit(&bg_running, false, memory_order_relaxed);
 }
+
+const struct tier_ops bg_tier = {.name = "background",
+                                 .fork_prepare = bg_fork_prepare,
+                                 .fork_release = bg_fork_release,
+                                 .fork_child = bg_fork_child};

@@ -22,11 +22,10 @@ void bg_start(void);
  * join it (for at most a second: past that, exit goes on and takes it). */
 void bg_stop(void);
 
-/* fork: prepare after every allocator lock is taken; in the child, after
- * they are all released, a new thread in place of the parent's. */
-void bg_fork_prepare(void);
-void bg_fork_parent(void);
-void bg_fork_child(void);
+/* Its part of the tier contract (box/tier.h), last in the lock order: the
+ * bell's lock at fork, and in the child, after every lock is released, a
+ * new thread in place of the parent's. */
+extern HAK_HIDDEN const struct tier_ops bg_tier;
 
 /* For tests: passes made so far, and whether one is being made now. */
 extern HAK_HIDDEN _Atomic uint64_t bg_passes;

@@ -1,22 +1,15 @@
 #include "front/lifecycle.h"
 
-#include "box/arena.h"
 #include "box/config.h"
 #include "box/diag.h"
 #include "box/lock.h"
-#include "box/os.h"
 #include "box/prof.h"
 #include "box/thread.h"
-#include "box/usage.h"
 #include "check.h"
 #include "front/report.h"
 #include "front/background.h"
-#include "large.h"
-#include "pool.h"
-#include "l25.h"
-#include "superslab/ss.h"
+#include "front/tiers.h"
 #include "tcache.h"
-#include "tiny.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,66 +19,24 @@
 enum { LIFE_NEW, LIFE_STARTING, LIFE_READY };
 static _Atomic int life_state = LIFE_NEW;
 
-/* A thread arms its exit hook (box/thread.h): the hook publishes what is
- * pending. */
-static void life_thread_armed(void) {
-    usage_thread_start();
-    large_thread_start();
-}
-
-/* Runs at thread exit (box/thread.h). */
-static void life_thread_exit(void) {
-    pool_thread_exit();
-    l25_thread_exit();
-    /* Last before the caches close: a Tiny free in the steps above (a
-     * signal handler's) would go into the cache, whatever slab it is of. */
-    tiny_thread_exit();
-    tc_thread_close();
-    chk_thread_exit();
-    large_thread_exit();
-    usage_thread_exit(); /* after the flushes above, which count */
-}
-
 /* Fork: take every allocator lock so the child never inherits one held by a
  * thread that does not exist there. Handlers registered before ours run
  * between our prepare and our parent/child handler and may allocate: the
  * forking thread marks itself so its lock sites skip the locks it holds. */
 static void life_fork_prepare(void) {
-    prof_fork_prepare(); /* first: a record's mapping is made under its lock */
-    chk_fork_prepare();
-    ss_fork_prepare();
-    pool_fork_prepare();
-    l25_fork_prepare();
-    large_fork_prepare();
-    arena_fork_prepare(); /* the tiers take it inside their own locks */
-    bg_fork_prepare();    /* last: a tier may ring the bell holding its lock */
+    tiers_fork_prepare();
     hak_in_fork = true;
 }
 
-/* Parent and child alike: the forking thread releases what it took (in the
- * child it is the only thread, and still the owner of every lock). */
-static void life_fork_release(void) {
-    hak_in_fork = false;
-    arena_fork_release();
-    large_fork_release();
-    l25_fork_release();
-    pool_fork_release();
-    ss_fork_release();
-    chk_fork_release();
-    prof_fork_release();
-}
-
 static void life_fork_parent(void) {
-    life_fork_release();
-    bg_fork_parent();
+    hak_in_fork = false;
+    tiers_fork_release(false);
 }
 
 static void life_fork_child(void) {
-    os_fork_child();
-    life_fork_release();
-    l25_fork_child();
-    large_fork_child();
-    bg_fork_child(); /* last: starting a thread allocates */
+    hak_in_fork = false;
+    tiers_fork_release(true);
+    tiers_fork_child();
 }
 
 static void life_begin(void) {
@@ -98,7 +49,7 @@ static void life_begin(void) {
         tc_off = true; /* checked mode serves every allocation */
     }
     pthread_atfork(life_fork_prepare, life_fork_parent, life_fork_child);
-    thread_start(life_thread_armed, life_thread_exit); /* threads may arm from here on */
+    thread_start(tiers_thread_armed, tiers_thread_exit); /* threads may arm from here on */
     atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
 }
 

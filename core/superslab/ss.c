@@ -10,6 +10,7 @@
 #include "box/lfstack.h"
 #include "box/lock.h"
 #include "box/os.h"
+#include "box/tier.h"
 #include "box/usage.h"
 #include "sizeclass.h"
 
@@ -664,3 +665,51 @@ void ss_get_stats(struct ss_stats *st) {
     int64_t carved = atomic_load_explicit(&ss_carved, memory_order_relaxed);
     st->carved_bytes = carved > 0 ? (uint64_t)carved : 0; /* (others' carves may be pending) */
 }
+
+/* ---- the tier contract (box/tier.h) ----------------------------------------- */
+
+static void ss_collect(enum tier_collect kind, struct tier_done *done) {
+    switch (kind) {
+    case TIER_AGE:
+        tier_released(done, ss_purge(false));
+        break;
+    case TIER_IDLE:
+        tier_due(done, ss_age_next());
+        break;
+    case TIER_TRIM: /* after Tiny gave back its empty slabs */
+        tier_released(done, ss_trim());
+        tier_released(done, ss_purge(true));
+        break;
+    default:
+        break;
+    }
+}
+
+static void ss_tier_fork_release(bool child) {
+    (void)child;
+    ss_fork_release();
+}
+
+static void ss_tier_stats(struct tier_stats *s) {
+    struct ss_stats t;
+    ss_get_stats(&t);
+    s->mapped += t.live * HAK_REGION_SIZE;
+    s->carved += t.carved_bytes;
+    tier_row(s, "slot.stage1_empty_same", t.stage1);
+    tier_row(s, "slot.stage2_unused", t.stage2);
+    tier_row(s, "slot.stage2_empty_other", t.stage2_reclass);
+    tier_row(s, "slot.stage3_cached_ss", t.stage3_cache);
+    tier_row(s, "slot.stage3_new_ss", t.stage3_os);
+    tier_row(s, "slot.releases", t.releases);
+    tier_row(s, "ss.live", t.live);
+    tier_row(s, "ss.cached", t.cached);
+    tier_row(s, "ss.retired", t.retired);
+    tier_row(s, "ss.unmapped", t.unmapped);
+    tier_row(s, "slot.purged", t.purged);
+}
+
+const struct tier_ops ss_tier = {.name = "superslab",
+                                 .collect = ss_collect,
+                                 .fork_prepare = ss_fork_prepare,
+                                 .fork_release = ss_tier_fork_release,
+                                 .stats = ss_tier_stats};

@@ -214,4 +214,8 @@ struct ss_stats {
 };
 void ss_get_stats(struct ss_stats *st);
 
+/* The tier contract (box/tier.h): ss_purge, ss_age_next, ss_trim, the
+ * locks at fork, the counters. */
+extern HAK_HIDDEN const struct tier_ops ss_tier;
+
 #endif
