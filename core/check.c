@@ -161,7 +161,7 @@ static inline uint64_t chk_wipe_word(void) {
 static _Noreturn void chk_report(const char *fn, enum diag_kind kind, uintptr_t p, size_t n,
                                  ptrdiff_t at) {
     diag_bug(&(struct diag_bug){
-        .fn = fn, .kind = kind, .p = (void *)p, .tier = DIAG_CHECKED, .block = n, .at = at});
+        .fn = fn, .kind = kind, .p = (void *)p, .tier = TIER_CHECK, .block = n, .at = at});
 }
 
 /* The family a freeing call frees. */
@@ -175,7 +175,7 @@ static void chk_check_family(const char *fn, uintptr_t p, size_t n, unsigned fam
     diag_bug(&(struct diag_bug){.fn = fn,
                                 .kind = DIAG_MISMATCHED_FREE,
                                 .p = (void *)p,
-                                .tier = DIAG_CHECKED,
+                                .tier = TIER_CHECK,
                                 .block = n,
                                 .by = chk_family_names[fam]});
 }
@@ -264,7 +264,7 @@ static uint8_t *chk_map(size_t size);
 static struct chk_region *chk_region_new(uint32_t cls) {
     uint8_t *base = chk_map(HAK_REGION_SIZE);
     if (base == NULL) return NULL;
-    if (!rmap_set_region(base, RMAP_CHECK, chk_payload(cls, CHK_SLAB))) {
+    if (!rmap_set_region(base, TIER_CHECK, chk_payload(cls, CHK_SLAB))) {
         os_unmap(base, HAK_REGION_SIZE);
         return NULL;
     }
@@ -291,7 +291,7 @@ static inline void chk_set_link(uintptr_t slot, uintptr_t next) {
 /* A decoded link must be 0 or a slot of the same class. */
 static bool chk_link_ok(uintptr_t next, uint32_t cls) {
     if (next == 0) return true;
-    if (rmap_get((void *)next) != rmap_entry(RMAP_CHECK, chk_payload(cls, CHK_SLAB))) return false;
+    if (rmap_get((void *)next) != rmap_entry(TIER_CHECK, chk_payload(cls, CHK_SLAB))) return false;
     const struct chk_region *r = chk_region_of(next);
     return next >= (uintptr_t)r + CHK_FIRST && chk_slot_of(next + CHK_HDR, r) == next;
 }
@@ -609,7 +609,7 @@ static void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap, boo
             return NULL;
         }
         for (size_t i = 0; i < map / HAK_REGION_SIZE; i++)
-            if (!rmap_set_region(base + i * HAK_REGION_SIZE, RMAP_CHECK,
+            if (!rmap_set_region(base + i * HAK_REGION_SIZE, TIER_CHECK,
                                  chk_payload((uint32_t)i, CHK_BIG))) {
                 rmap_clear_span(base, map);
                 os_unmap(base, map);
@@ -675,7 +675,7 @@ static void chk_zero_start(void) {
     void *bits = os_map_aligned(hak_align_up(n / 8, HAK_PAGE_SIZE), HAK_PAGE_SIZE);
     bool ok = bits != NULL;
     for (size_t i = 0; ok && i < span / HAK_REGION_SIZE; i++)
-        ok = rmap_set_region((uint8_t *)base + i * HAK_REGION_SIZE, RMAP_CHECK,
+        ok = rmap_set_region((uint8_t *)base + i * HAK_REGION_SIZE, TIER_CHECK,
                              chk_payload((uint32_t)i, CHK_ZERO));
     if (!ok) {
         rmap_clear_span(base, span);
@@ -725,12 +725,12 @@ static void chk_zero_free(uintptr_t a, const char *fn) {
     ptrdiff_t i = chk_zero_find(a);
     if (i < 0)
         diag_bad_pointer(fn, i == -2 ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, (void *)a,
-                         DIAG_CHECKED, 0);
+                         TIER_CHECK, 0);
     size_t k = (size_t)i;
     uint64_t bit = 1ull << (k % 64);
     /* (Two threads freeing it at once: one finds the bit gone.) */
     if (!(atomic_fetch_and_explicit(&chk_zero_live[k / 64], ~bit, memory_order_relaxed) & bit))
-        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, 0);
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, TIER_CHECK, 0);
     atomic_fetch_sub_explicit(&chk_zero_count, 1, memory_order_relaxed);
 }
 
@@ -910,13 +910,13 @@ static void chk_live(uintptr_t a, uint32_t e, const char *fn, struct chk_block *
     case CHK_IS_LIVE:
         return;
     case CHK_IS_FREED:
-        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, TIER_CHECK, b->s.n);
     case CHK_IS_OVERWRITTEN:
         chk_report(fn, DIAG_HEAP_UNDERFLOW, a, 0, -(ptrdiff_t)CHK_HDR);
     case CHK_NOT_A_BLOCK:
         break;
     }
-    diag_bad_pointer(fn, DIAG_INVALID_POINTER, (void *)a, DIAG_CHECKED, 0);
+    diag_bad_pointer(fn, DIAG_INVALID_POINTER, (void *)a, TIER_CHECK, 0);
 }
 
 /* Every check of a live block before it is freed or resized. */
@@ -935,7 +935,7 @@ static void chk_release_block_as(uintptr_t a, const struct chk_block *b, const c
         struct chk_big *g = (struct chk_big *)b->slot;
         uint32_t live = CHK_LIVE;
         if (!atomic_compare_exchange_strong(&g->state, &live, CHK_FREED))
-            diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, g->n);
+            diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, TIER_CHECK, g->n);
         usage_add(-(int64_t)g->n);
         chk_quarantine_big(g);
         return;
@@ -945,7 +945,7 @@ static void chk_release_block_as(uintptr_t a, const struct chk_block *b, const c
     uint64_t live = b->word;
     uint64_t freed = chk_header(b->key, b->s.n, b->s.fam, CHK_FREED, b->s.uoff);
     if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, freed))
-        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, DIAG_CHECKED, b->s.n);
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, TIER_CHECK, b->s.n);
     usage_add(-(int64_t)b->s.n);
     memset((void *)(b->slot + CHK_HDR), chk_wipe_byte, b->size - CHK_HDR);
     bool lent;
@@ -1108,7 +1108,7 @@ void chk_fork_release(void) {
 
 static void chk_collect(enum tier_collect kind, struct tier_done *done) {
     (void)done;
-    if (kind == TIER_EXIT) chk_thread_exit();
+    if (kind == COLLECT_EXIT) chk_thread_exit();
 }
 
 static void chk_tier_fork_release(bool child) {

@@ -2,7 +2,7 @@
  * that heap bugs are found where they happen, at a price in speed. The other
  * tiers keep their fast paths untouched: with their thread caches empty,
  * every malloc takes the miss path, which comes here; free finds the block's
- * region marked RMAP_CHECK.
+ * region marked TIER_CHECK.
  *
  * A block below CHK_SLOT_MAX has a slot of its own in a 2 MiB region of one
  * slot size, ending in a guard page:
@@ -43,7 +43,7 @@ void chk_start(void);
 void *chk_alloc(size_t n, size_t align, enum chk_family f);
 /* calloc of n bytes (the product checked by the caller). */
 void *chk_calloc(size_t n);
-/* Free p, whose region entry is e (RMAP_CHECK); `fn` names the call, and
+/* Free p, whose region entry is e (TIER_CHECK); `fn` names the call, and
  * says which family it frees ("operator delete", "operator delete[]", any
  * other: malloc's). Anything wrong with p is reported and aborts. */
 void chk_free(void *p, uint32_t e, const char *fn);

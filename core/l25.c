@@ -211,7 +211,7 @@ static struct l25_bundle *l25_bundle_new(uint32_t cls, uint32_t shard, struct l2
     b->owner = owner;
     /* Published in the region map only once the descriptor is complete. */
     for (size_t r = 0; r < span; r += HAK_REGION_SIZE) {
-        if (!rmap_set_region(base + r, RMAP_L25, idx)) {
+        if (!rmap_set_region(base + r, TIER_L25, idx)) {
             rmap_clear_span(base, span);
             arena_free(base, span);
             l25_desc_put(b, span, false);
@@ -1592,20 +1592,20 @@ void l25_get_stats(struct l25_stats *st) {
 
 static void l25_collect(enum tier_collect kind, struct tier_done *done) {
     switch (kind) {
-    case TIER_THREAD:
+    case COLLECT_THREAD:
         l25_thread_age();
         break;
-    case TIER_AGE:
+    case COLLECT_AGE:
         tier_released(done, l25_age());
         break;
-    case TIER_IDLE:
+    case COLLECT_IDLE:
         tier_due(done, l25_age_next());
         break;
-    case TIER_TRIM: /* this thread's cache first: its blocks may be all a bundle holds */
+    case COLLECT_TRIM: /* this thread's cache first: its blocks may be all a bundle holds */
         l25_thread_flush();
         tier_released(done, l25_trim());
         break;
-    case TIER_EXIT:
+    case COLLECT_EXIT:
         l25_thread_exit();
         break;
     }

@@ -118,7 +118,7 @@ _Static_assert(offsetof(struct l25_bundle, mark_stride) < 64, "a free reads one 
 _Static_assert(sizeof(struct l25_bundle) * L25_DESC_CHUNK <= ((size_t)2 << 20),
                "a chunk of descriptors is one arena_meta record");
 
-/* The bundle of p, whose region entry (kind RMAP_L25) is e. */
+/* The bundle of p, whose region entry (kind TIER_L25) is e. */
 HAK_INLINE struct l25_bundle *l25_bundle_of(uint32_t e) {
     uint32_t i = rmap_payload(e);
     return &l25_desc[i >> L25_DESC_SHIFT][i & (L25_DESC_CHUNK - 1)];
@@ -175,16 +175,16 @@ HAK_INLINE void *l25_alloc_fast(uint32_t cls) {
     return p;
 }
 
-/* Free p, whose region entry e says RMAP_L25; `fn` names the API call. */
+/* Free p, whose region entry e says TIER_L25; `fn` names the API call. */
 HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
     struct l25_bundle *b = l25_bundle_of(e);
     int64_t i = l25_index(b, p);
     if (hak_unlikely(i < 0))
-        return diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_L25, small_class_size[b->cls]);
+        return diag_reject(fn, DIAG_INVALID_POINTER, p, TIER_L25, small_class_size[b->cls]);
     uint8_t *m = l25_mark(b, (size_t)i);
     if (hak_unlikely(*m != L25_LIVE))
         return diag_reject(fn, *m == L25_FREE ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, p,
-                           DIAG_L25, small_class_size[b->cls]);
+                           TIER_L25, small_class_size[b->cls]);
     *m = L25_FREE;
     /* Only this thread's own blocks enter its cache (of L2.5 classes alone:
      * shared bundles, which have the other tiers' classes, are no heap's). */
@@ -192,18 +192,18 @@ HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
     if (hak_unlikely(!tc_push(b->cls, p))) l25_free_slow(p, b->cls);
 }
 
-/* True when p (RMAP_L25 entry e) is a live block. */
+/* True when p (TIER_L25 entry e) is a live block. */
 static inline bool l25_is_live(const void *p, uint32_t e) {
     struct l25_bundle *b = l25_bundle_of(e);
     int64_t i = l25_index(b, p);
     return i >= 0 && *l25_mark(b, (size_t)i) == L25_LIVE;
 }
 
-/* The class of p (RMAP_L25 entry e); aborts naming p unless p is live. */
+/* The class of p (TIER_L25 entry e); aborts naming p unless p is live. */
 static inline uint32_t l25_class_of(const void *p, uint32_t e, const char *fn) {
     uint32_t cls = l25_bundle_of(e)->cls;
     if (!l25_is_live(p, e))
-        diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_L25, small_class_size[cls]);
+        diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, TIER_L25, small_class_size[cls]);
     return cls;
 }
 

@@ -1,6 +1,6 @@
 /* Large tier. The header sits in the mapping's first page, at the start or
  * at a colour (large_place); every region of the mapping but the first is
- * marked RMAP_LARGE with its distance back to the start, and the first with
+ * marked TIER_LARGE with its distance back to the start, and the first with
  * the colour, so free finds the header from the pointer in O(1) and can
  * check that the pointer is the one it handed out. Every kernel mapping of
  * the tier ends in a guard page (LARGE_GUARD). */
@@ -378,7 +378,7 @@ static inline size_t large_offset(size_t align) {
 static bool large_mark(void *start, size_t size, uint32_t colour) {
     /* (The first region's entry in one store: a live block's stays its.) */
     return size <= LARGE_MAP_MAX &&
-           rmap_mark_span_from(start, size, RMAP_LARGE, large_first_payload(colour));
+           rmap_mark_span_from(start, size, TIER_LARGE, large_first_payload(colour));
 }
 
 /* A fresh mapping of `size` bytes at `map_align`, registered in the region
@@ -900,7 +900,7 @@ static struct large_hdr *large_place(struct large_hdr *h, size_t off, size_t siz
     struct large_hdr *to = (struct large_hdr *)(start + c * LARGE_COLOUR_SIZE);
     *to = *h; /* (a line apart at least: no overlap) */
     memset(h, 0, LARGE_COLOUR_SIZE);
-    rmap_set_region(start, RMAP_LARGE, large_first_payload(c)); /* (its leaf exists) */
+    rmap_set_region(start, TIER_LARGE, large_first_payload(c)); /* (its leaf exists) */
     return to;
 }
 
@@ -1582,16 +1582,16 @@ large_reject(const void *p, const struct large_hdr *h, const char *fn) {
         diag_bug(&(struct diag_bug){.fn = fn,
                                     .kind = DIAG_HEAP_UNDERFLOW,
                                     .p = p,
-                                    .tier = DIAG_LARGE,
+                                    .tier = TIER_LARGE,
                                     .block = h->req,
                                     .at = -(8 - (ptrdiff_t)__builtin_ctzll(was) / 8)});
     }
     if (h->magic == LARGE_FREE && large_user(h) == p)
-        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_LARGE, h->req);
-    diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_LARGE, 0);
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, TIER_LARGE, h->req);
+    diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, TIER_LARGE, 0);
 }
 
-/* The header of the mapping p is in (region entry RMAP_LARGE). */
+/* The header of the mapping p is in (region entry TIER_LARGE). */
 HAK_INLINE struct large_hdr *large_mapping_of(const void *p, uint32_t entry) {
     uint32_t pl = rmap_payload(entry);
     uintptr_t base = rmap_region_base(p);
@@ -1625,7 +1625,7 @@ bool large_span_of(const void *p, uint32_t entry, void **start, size_t *size) {
 
 bool large_mapping_at(const void *start, uint32_t e, size_t *size) {
     uint32_t pl = rmap_payload(e);
-    if (rmap_kind_of(e) != RMAP_LARGE || ((uintptr_t)start & (HAK_REGION_SIZE - 1)) != 0 ||
+    if (rmap_kind_of(e) != TIER_LARGE || ((uintptr_t)start & (HAK_REGION_SIZE - 1)) != 0 ||
         (pl != 0 && !(pl & LARGE_FIRST)))
         return false;
     *size = large_mapping_of(start, e)->map_size;
@@ -1966,13 +1966,13 @@ void large_get_stats(struct large_stats *s) {
 
 static void large_collect(enum tier_collect kind, struct tier_done *done) {
     switch (kind) {
-    case TIER_IDLE:
+    case COLLECT_IDLE:
         tier_due(done, large_age_next());
         break;
-    case TIER_TRIM:
+    case COLLECT_TRIM:
         tier_released(done, large_trim());
         break;
-    case TIER_EXIT:
+    case COLLECT_EXIT:
         large_thread_exit();
         break;
     default:

@@ -37,10 +37,10 @@ void *large_alloc_sampled(size_t size, size_t align, bool zero, size_t n, bool s
  * under an address-space limit, no cached mapping can serve it: the caller
  * then grows it as any other. */
 void *large_alloc_growing(size_t size);
-/* p's region entry said RMAP_LARGE; `fn` names the API call for errors. */
+/* p's region entry said TIER_LARGE; `fn` names the API call for errors. */
 void large_free(void *p, uint32_t entry, const char *fn);
 size_t large_usable_size(const void *p, uint32_t entry, const char *fn);
-/* True when p (region entry RMAP_LARGE) is a live block; *req is then the
+/* True when p (region entry TIER_LARGE) is a live block; *req is then the
  * size last asked for it. */
 bool large_is_live(const void *p, uint32_t entry, size_t *req);
 /* Resize in place or by moving pages; NULL, errno and p untouched, when
@@ -50,7 +50,7 @@ void *large_realloc(void *p, uint32_t entry, size_t n);
 
 /* For the fuzz harness, which unmaps what a munmap it failed on purpose left
  * behind: the start and size of the mapping of live block p (region entry
- * RMAP_LARGE), false when p is none; and whether a mapping of the tier
+ * TIER_LARGE), false when p is none; and whether a mapping of the tier
  * (a live block's or a cached one) starts at `start` (region entry `e`
  * there), its size then in *size (0 when its pages were decommitted). */
 bool large_span_of(const void *p, uint32_t entry, void **start, size_t *size);

@@ -135,7 +135,7 @@ static bool pool_chunk_new(struct pool_heap *h) {
     c = arena_alloc(size);
     if (c == NULL && size > POOL_CHUNK_MIN) c = arena_alloc(size = POOL_CHUNK_MIN);
     if (c == NULL) return false;
-    if (!rmap_mark_span(c, size, RMAP_POOL)) {
+    if (!rmap_mark_span(c, size, TIER_POOL)) {
         arena_free(c, size);
         return false;
     }
@@ -468,16 +468,16 @@ void pool_get_stats(struct pool_stats *s) {
 
 static void pool_collect(enum tier_collect kind, struct tier_done *done) {
     switch (kind) {
-    case TIER_THREAD:
+    case COLLECT_THREAD:
         pool_age();
         break;
-    case TIER_IDLE:
+    case COLLECT_IDLE:
         tier_due(done, pool_age_parked());
         break;
-    case TIER_TRIM:
+    case COLLECT_TRIM:
         tier_released(done, pool_trim());
         break;
-    case TIER_EXIT:
+    case COLLECT_EXIT:
         pool_thread_exit();
         break;
     default:

@@ -66,7 +66,7 @@ static inline struct pool_hdr *pool_hdr_of(const void *block) {
     return (struct pool_hdr *)block - 1;
 }
 
-/* The chunk holding p, whose region entry (kind RMAP_POOL) is e: the payload
+/* The chunk holding p, whose region entry (kind TIER_POOL) is e: the payload
  * counts regions back to the chunk's first. */
 HAK_INLINE struct pool_chunk *pool_chunk_of(const void *p, uint32_t e) {
     return (struct pool_chunk *)(rmap_region_base(p) -
@@ -98,31 +98,31 @@ HAK_INLINE void *pool_alloc_fast(uint32_t cls) {
     return p;
 }
 
-/* Free p, whose region entry e says RMAP_POOL; `fn` names the API call. */
+/* Free p, whose region entry e says TIER_POOL; `fn` names the API call. */
 HAK_INLINE void pool_free(void *p, uint32_t e, const char *fn) {
     struct pool_chunk *c = pool_chunk_of(p, e);
     if (hak_unlikely(!pool_is_block(c, p)))
-        return diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_POOL, 0);
+        return diag_reject(fn, DIAG_INVALID_POINTER, p, TIER_POOL, 0);
     struct pool_hdr *h = pool_hdr_of(p);
     if (hak_unlikely(h->state != POOL_LIVE))
         return diag_reject(fn, h->state == POOL_FREE ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, p,
-                           DIAG_POOL, h->state == POOL_FREE ? small_class_size[h->cls] : 0);
+                           TIER_POOL, h->state == POOL_FREE ? small_class_size[h->cls] : 0);
     h->state = POOL_FREE;
     if (hak_unlikely(c->owner != hak_tc.pool)) return pool_free_remote(p, c);
     if (hak_unlikely(!tc_push(h->cls, p))) pool_free_slow(p, h->cls);
 }
 
-/* The class of p (RMAP_POOL entry e) when it is a live block, else -1. */
+/* The class of p (TIER_POOL entry e) when it is a live block, else -1. */
 static inline int pool_live_class(const void *p, uint32_t e) {
     if (!pool_is_block(pool_chunk_of(p, e), p) || pool_hdr_of(p)->state != POOL_LIVE) return -1;
     return (int)pool_hdr_of(p)->cls;
 }
 
-/* The class of p (RMAP_POOL entry e); aborts naming p when it is not a live
+/* The class of p (TIER_POOL entry e); aborts naming p when it is not a live
  * block. */
 static inline uint32_t pool_class_of(const void *p, uint32_t e, const char *fn) {
     int cls = pool_live_class(p, e);
-    if (cls < 0) diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_POOL, 0);
+    if (cls < 0) diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, TIER_POOL, 0);
     return (uint32_t)cls;
 }
 

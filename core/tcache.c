@@ -25,7 +25,7 @@ void tc_thread_close(void) {
 
 static void tc_collect(enum tier_collect kind, struct tier_done *done) {
     (void)done;
-    if (kind == TIER_EXIT) tc_thread_close(); /* after the tiers above flushed the lists */
+    if (kind == COLLECT_EXIT) tc_thread_close(); /* after the tiers above flushed the lists */
 }
 
 const struct tier_ops tc_tier = {.name = "tcache", .collect = tc_collect};

@@ -156,7 +156,7 @@ static void tiny_drain(struct ss_slab *s) {
     void *last = list;
     for (; *(void **)last; n++) {
         if (hak_unlikely(n >= s->used))
-            diag_bad_pointer("free", DIAG_DOUBLE_FREE, *(void **)last, DIAG_TINY, s->size);
+            diag_bad_pointer("free", DIAG_DOUBLE_FREE, *(void **)last, TIER_TINY, s->size);
         last = *(void **)last;
     }
     *(void **)last = s->free;
@@ -453,8 +453,8 @@ static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
 void tiny_reject(const void *p, const struct ss_slab *s, const char *fn) {
     /* (An EMPTY slot's pages are readable whatever became of them.) */
     if (s->state == SS_EMPTY && ss_was_block(s, p) && *tiny_free_mark((void *)p) == s)
-        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
-    diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
+        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, TIER_TINY, s->size);
+    diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, TIER_TINY, s->size);
 }
 
 /* A thread that may not cache (its exit has begun, checked mode) frees p,
@@ -462,7 +462,7 @@ void tiny_reject(const void *p, const struct ss_slab *s, const char *fn) {
  * those come with open caches). */
 static void tiny_free_uncached(void *p, struct ss_slab *s) {
     if (s->state != SS_ACTIVE)
-        diag_bad_pointer("free", DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
+        diag_bad_pointer("free", DIAG_INVALID_POINTER, p, TIER_TINY, s->size);
     tiny_flow.remote[s->cls]++; /* (counted apart: it never was in the cache) */
     tiny_remote_push(s, p, p, 1);
 }
@@ -670,16 +670,16 @@ void tiny_get_stats(struct tiny_class_stats st[TINY_NCLASSES]) {
 
 static void tiny_collect(enum tier_collect kind, struct tier_done *done) {
     switch (kind) {
-    case TIER_THREAD:
+    case COLLECT_THREAD:
         tiny_age();
         break;
-    case TIER_TRIM:
+    case COLLECT_TRIM:
         tier_released(done, tiny_trim());
         break;
     /* Last of the tiers with thread caches (the table's reverse order): a
      * Tiny free in their exits (a signal handler's) would go into the
      * cache, whatever slab it is of. */
-    case TIER_EXIT:
+    case COLLECT_EXIT:
         tiny_thread_exit();
         break;
     default:

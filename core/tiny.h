@@ -74,7 +74,7 @@ HAK_INLINE void tiny_free(void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
     if (hak_unlikely(!ss_is_block(s, p))) return tiny_reject(p, s, fn);
     if (hak_unlikely(tiny_mark_free(p, s)))
-        return diag_reject(fn, DIAG_DOUBLE_FREE, p, DIAG_TINY, s->size);
+        return diag_reject(fn, DIAG_DOUBLE_FREE, p, TIER_TINY, s->size);
     /* (Its class holds while p is out: a slab with blocks out keeps it.) */
     if (hak_unlikely(!tc_push(s->cls, p))) tiny_free_slow(p, s);
 }
@@ -91,7 +91,7 @@ HAK_INLINE bool tiny_is_live(const void *p) {
  * not a live block. */
 HAK_INLINE size_t tiny_usable_size(const void *p, const char *fn) {
     struct ss_slab *s = ss_slab_of(p);
-    if (!tiny_is_live(p)) diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, DIAG_TINY, s->size);
+    if (!tiny_is_live(p)) diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, TIER_TINY, s->size);
     return s->size;
 }
 

@@ -35,7 +35,7 @@ static struct l25_stats stats(void) {
 
 static struct l25_bundle *bundle_of(const void *p) {
     uint32_t e = rmap_get(p);
-    assert_int_equal(rmap_kind_of(e), RMAP_L25);
+    assert_int_equal(rmap_kind_of(e), TIER_L25);
     return l25_bundle_of(e);
 }
 
@@ -627,7 +627,7 @@ static void test_growing_realloc_leaves_room(void **state) {
     uint8_t *p = malloc(40000);
     memset(p, 0x21, 40000);
     p = realloc(p, 70000);
-    assert_int_equal(rmap_kind_of(rmap_get(p)), RMAP_LARGE);
+    assert_int_equal(rmap_kind_of(rmap_get(p)), TIER_LARGE);
     assert_true(malloc_usable_size(p) >= 70000);
     assert_int_equal(p[39999], 0x21);
     assert_ptr_equal(realloc(p, 1000000), p); /* in its room */
@@ -660,7 +660,7 @@ static void test_growing_realloc_leaves_room(void **state) {
     assert_int_equal(malloc_usable_size(q), 1u << 20);
     assert_int_equal(q[39999], 0x21);
     q = realloc(q, 3u << 20);
-    assert_int_equal(rmap_kind_of(rmap_get(q)), RMAP_LARGE);
+    assert_int_equal(rmap_kind_of(rmap_get(q)), TIER_LARGE);
     assert_int_equal(q[39999], 0x21);
     free(q);
     assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);

@@ -30,7 +30,7 @@ static void run_in_thread(void *(*fn)(void *), void *arg) {
 
 static struct pool_chunk *chunk_of(const void *p) {
     uint32_t e = rmap_get(p);
-    assert_int_equal(rmap_kind_of(e), RMAP_POOL);
+    assert_int_equal(rmap_kind_of(e), TIER_POOL);
     return pool_chunk_of(p, e);
 }
 

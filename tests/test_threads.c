@@ -414,7 +414,7 @@ static void test_allocs_after_thread_exit_hook_uncached(void **state) {
     assert_int_equal(pthread_join(t, NULL), 0);
     for (int i = 0; i < 3; i++) {
         assert_non_null(late_blocks[i]);
-        assert_int_equal(atomic_load(&late_kinds[i]), (int)RMAP_L25 + 1);
+        assert_int_equal(atomic_load(&late_kinds[i]), (int)TIER_L25 + 1);
         uint8_t *p = late_blocks[i];
         assert_int_equal(p[0], 0x40 + i);
         assert_int_equal(p[late_sizes[i] - 1], 0x40 + i);

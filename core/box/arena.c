@@ -313,7 +313,7 @@ void arena_get_stats(struct arena_stats *s) {
 /* ---- the tier contract (box/tier.h) ----------------------------------------- */
 
 static void arena_collect(enum tier_collect kind, struct tier_done *done) {
-    if (kind == TIER_TRIM)
+    if (kind == COLLECT_TRIM)
         tier_released(done, arena_trim()); /* after the tiers: what they gave back */
 }
 

@@ -59,8 +59,8 @@ static const char *const diag_kinds[] = {
     [DIAG_MISMATCHED_FREE] = "mismatched free",
 };
 static const char *const diag_tiers[] = {
-    [DIAG_NOWHERE] = "", [DIAG_TINY] = "tiny",   [DIAG_POOL] = "pool",
-    [DIAG_L25] = "L2.5", [DIAG_LARGE] = "large", [DIAG_CHECKED] = "checked",
+    [TIER_NONE] = "",    [TIER_TINY] = "tiny",   [TIER_POOL] = "pool",
+    [TIER_L25] = "L2.5", [TIER_LARGE] = "large", [TIER_CHECK] = "checked",
 };
 
 static bool diag_bt_armed;
@@ -74,7 +74,7 @@ void diag_arm_backtrace(void) {
 
 /* The detail in parentheses: what the kind needs, then the block. */
 static void diag_detail(struct diag_buf *b, const struct diag_bug *bug) {
-    if (bug->tier == DIAG_NOWHERE) {
+    if (bug->tier == TIER_NONE) {
         diag_str(b, "not hakmem's memory");
         return;
     }
@@ -143,12 +143,12 @@ void diag_bug(const struct diag_bug *bug) {
     abort();
 }
 
-void diag_bad_pointer(const char *fn, enum diag_kind kind, const void *p, enum diag_tier tier,
+void diag_bad_pointer(const char *fn, enum diag_kind kind, const void *p, enum hak_tier tier,
                       size_t block) {
     diag_bug(&(struct diag_bug){.fn = fn, .kind = kind, .p = p, .tier = tier, .block = block});
 }
 
-void diag_reject(const char *fn, enum diag_kind kind, const void *p, enum diag_tier tier,
+void diag_reject(const char *fn, enum diag_kind kind, const void *p, enum hak_tier tier,
                  size_t block) {
     diag_bad_pointer(fn, kind, p, tier, block);
 }

@@ -3,6 +3,8 @@
 #ifndef HAK_DIAG_H
 #define HAK_DIAG_H
 
+#include "box/tier.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,9 +19,8 @@ enum diag_kind {
     DIAG_WRITE_AFTER_FREE,
     DIAG_MISMATCHED_FREE, /* freed by another family than allocated it (free of new's) */
 };
-/* ... and where: the tier whose memory the pointer is in (DIAG_NOWHERE: no
- * tier's). */
-enum diag_tier { DIAG_NOWHERE, DIAG_TINY, DIAG_POOL, DIAG_L25, DIAG_LARGE, DIAG_CHECKED };
+/* ... and where: the tier whose memory the pointer is in (enum hak_tier,
+ * box/tier.h; TIER_NONE: no tier's). */
 
 /* One heap bug, as reported:
  *   hakmem: <fn>(): <kind> <p> (<detail>, block of <block> bytes, <tier> tier)
@@ -29,7 +30,7 @@ struct diag_bug {
     const char *fn; /* the API call: "free", "operator delete" */
     enum diag_kind kind;
     const void *p;
-    enum diag_tier tier;
+    enum hak_tier tier;
     size_t block;
     size_t given;   /* size mismatch: the size the caller gave */
     ptrdiff_t at;   /* underflow, overflow, write after free: the byte written, from p */
@@ -41,12 +42,12 @@ _Noreturn void diag_bug(const struct diag_bug *bug);
 
 /* The common reports, with no detail beyond the block. */
 _Noreturn void diag_bad_pointer(const char *fn, enum diag_kind kind, const void *p,
-                                enum diag_tier tier, size_t block);
+                                enum hak_tier tier, size_t block);
 /* The same, for hot paths: deliberately not declared noreturn, so a caller
  * can reach it with a tail jump and needs no stack frame of its own. It
  * never returns. */
 __attribute__((cold)) void diag_reject(const char *fn, enum diag_kind kind, const void *p,
-                                       enum diag_tier tier, size_t block);
+                                       enum hak_tier tier, size_t block);
 
 /* HAKMEM_BACKTRACE: every report also prints the calls that led to it. Arms
  * the unwinder now (it loads a library and allocates on first use), so call

@@ -5,7 +5,7 @@
 #include "box/os.h"
 
 /* Every root slot starts at this all-zero leaf (never written), so a lookup
- * needs no NULL test: an address in an unused 128 GiB reads RMAP_NONE. */
+ * needs no NULL test: an address in an unused 128 GiB reads TIER_NONE. */
 uint32_t rmap_empty_leaf[RMAP_LEAF_N];
 _Atomic(uint32_t *) rmap_root[RMAP_ROOT_N] = {[0 ... RMAP_ROOT_N - 1] = rmap_empty_leaf};
 

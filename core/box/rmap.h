@@ -9,18 +9,17 @@
  * first one is). A two-level
  * radix table with a static root: lookups are two dependent loads, leaves are
  * mapped on first use (until then a slot points at a shared all-zero leaf),
- * and an address hakmem never mapped reads as RMAP_NONE without any
+ * and an address hakmem never mapped reads as TIER_NONE (box/tier.h) without any
  * initialisation. */
 #ifndef HAK_RMAP_H
 #define HAK_RMAP_H
 
+#include "box/tier.h"
 #include "sizes.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-
-enum rmap_kind { RMAP_NONE = 0, RMAP_L25 = 1, RMAP_LARGE = 2, RMAP_POOL = 3, RMAP_CHECK = 4 };
 
 #define RMAP_VA_BITS   47
 #define RMAP_LEAF_BITS 16
@@ -41,7 +40,7 @@ static inline uint32_t rmap_payload(uint32_t e) {
     return e >> 8;
 }
 
-/* The entry for the region holding p; 0 (RMAP_NONE) for any address hakmem
+/* The entry for the region holding p; 0 (TIER_NONE) for any address hakmem
  * does not own, including NULL and non-canonical or kernel addresses. */
 HAK_INLINE uint32_t rmap_get(const void *p) {
     uintptr_t r = (uintptr_t)p >> HAK_REGION_SHIFT;

@@ -14,30 +14,43 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Which tier owns a block: the region map's kind of entry (box/rmap.h: its
+ * low 8 bits), the tier a report names (box/diag.h) and the front's
+ * dispatch are this one enum. Tiny's blocks live in SuperSlabs, which have
+ * a range of their own: no region-map entry is ever TIER_TINY. */
+enum hak_tier {
+    TIER_NONE = 0, /* no tier's memory */
+    TIER_L25 = 1,
+    TIER_LARGE = 2,
+    TIER_POOL = 3,
+    TIER_CHECK = 4,
+    TIER_TINY = 5,
+};
+
 /* What a collect is asked to do. */
 enum tier_collect {
     /* This thread's periodic look at its own caches (every age at most, on
      * its own allocations): what it alone may touch. */
-    TIER_THREAD,
+    COLLECT_THREAD,
     /* One thread's periodic look for the process (every age at most, one
      * thread at a time): a pass of each tier whose own timer says one is
      * due. */
-    TIER_AGE,
+    COLLECT_AGE,
     /* The background thread's pass (HAKMEM_BACKGROUND): what is due now,
      * and when the next thing is. */
-    TIER_IDLE,
+    COLLECT_IDLE,
     /* malloc_trim: everything that can go back to the OS, now. */
-    TIER_TRIM,
+    COLLECT_TRIM,
     /* This thread exits: what it caches goes back (from the thread box's
      * exit hook; in the table's reverse order, so the layers above give
      * back to the layers below before these close). */
-    TIER_EXIT,
+    COLLECT_EXIT,
 };
 
 /* What a collect did, gathered over the table. */
 struct tier_done {
     bool released;    /* memory went back to the OS (malloc_trim's answer) */
-    uint64_t next_ms; /* TIER_IDLE: when something is next due; UINT64_MAX none */
+    uint64_t next_ms; /* COLLECT_IDLE: when something is next due; UINT64_MAX none */
 };
 
 static inline void tier_released(struct tier_done *d, bool released) {

@@ -45,7 +45,7 @@ uint64_t usage_peak(void) {
 
 static void usage_collect(enum tier_collect kind, struct tier_done *done) {
     (void)done;
-    if (kind == TIER_EXIT) usage_thread_exit(); /* last: after the flushes, which count */
+    if (kind == COLLECT_EXIT) usage_thread_exit(); /* last: after the flushes, which count */
 }
 
 const struct tier_ops usage_tier = {

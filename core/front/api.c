@@ -83,51 +83,51 @@ static size_t front_usable_size(void *p) {
     if (ss_contains(p)) return tiny_usable_size(p, "malloc_usable_size");
     uint32_t e = rmap_get(p);
     switch (rmap_kind_of(e)) {
-    case RMAP_POOL:
+    case TIER_POOL:
         return small_class_size[pool_class_of(p, e, "malloc_usable_size")];
-    case RMAP_L25:
+    case TIER_L25:
         return small_class_size[l25_class_of(p, e, "malloc_usable_size")];
-    case RMAP_LARGE:
+    case TIER_LARGE:
         return large_usable_size(p, e, "malloc_usable_size");
-    case RMAP_CHECK:
+    case TIER_CHECK:
         return chk_usable_size(p, e, "malloc_usable_size");
     default:
         if (p != NULL)
-            diag_bad_pointer("malloc_usable_size", DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
+            diag_bad_pointer("malloc_usable_size", DIAG_INVALID_POINTER, p, TIER_NONE, 0);
         return 0;
     }
 }
 
 void front_describe(const void *p, struct front_block *b) {
-    *b = (struct front_block){.tier = DIAG_NOWHERE};
+    *b = (struct front_block){.tier = TIER_NONE};
     if (ss_contains(p)) {
         struct ss_slab *s = ss_slab_of(p);
-        *b = (struct front_block){DIAG_TINY, tiny_is_live(p), s->cls, s->size};
+        *b = (struct front_block){TIER_TINY, tiny_is_live(p), s->cls, s->size};
         return;
     }
     uint32_t e = rmap_get(p);
     int cls;
     switch (rmap_kind_of(e)) {
-    case RMAP_POOL:
+    case TIER_POOL:
         cls = pool_live_class(p, e);
-        b->tier = DIAG_POOL;
+        b->tier = TIER_POOL;
         b->live = cls >= 0;
         b->cls = cls >= 0 ? (uint32_t)cls : 0;
         b->size = cls >= 0 ? small_class_size[cls] : 0;
         return;
-    case RMAP_L25:
-        b->tier = DIAG_L25;
+    case TIER_L25:
+        b->tier = TIER_L25;
         b->live = l25_is_live(p, e);
         b->cls = l25_bundle_of(e)->cls;
         b->size = small_class_size[b->cls];
         return;
-    case RMAP_LARGE:
-        b->tier = DIAG_LARGE;
+    case TIER_LARGE:
+        b->tier = TIER_LARGE;
         b->live = large_is_live(p, e, &b->size);
         b->cls = SMALL_NCLASSES;
         return;
-    case RMAP_CHECK:
-        b->tier = DIAG_CHECKED;
+    case TIER_CHECK:
+        b->tier = TIER_CHECK;
         b->live = chk_is_live(p, e, &b->size);
         b->cls = SMALL_NCLASSES;
         return;
@@ -143,8 +143,8 @@ static bool front_size_belongs(const struct front_block *b, size_t n, size_t ali
                    : n <= HAK_SMALL_MAX  ? small_class_of(n)
                                          : SMALL_NCLASSES;
     uint32_t bcls = b->cls;
-    if (b->tier == DIAG_CHECKED) return b->size == n; /* it knows the size asked */
-    if (b->tier == DIAG_LARGE) {
+    if (b->tier == TIER_CHECK) return b->size == n; /* it knows the size asked */
+    if (b->tier == TIER_LARGE) {
         if (b->size == n) return true;
         /* A small block is Large when its tier had no memory
          * (front_small_failed): it then asked for a class size, n's own or,
@@ -229,20 +229,20 @@ static void *front_realloc(void *p, size_t n) {
     }
     uint32_t e = rmap_get(p);
     switch (rmap_kind_of(e)) {
-    case RMAP_POOL:
+    case TIER_POOL:
         return front_realloc_class(p, pool_class_of(p, e, "realloc"), n);
-    case RMAP_L25:
+    case TIER_L25:
         return front_realloc_class(p, l25_class_of(p, e, "realloc"), n);
-    case RMAP_LARGE: {
+    case TIER_LARGE: {
         void *q = large_realloc(p, e, n);
         /* A small size, or pages not moved (mremap refused): bytes copied,
          * as any block's. */
         return q ? q : front_move(p, large_usable_size(p, e, "realloc"), n);
     }
-    case RMAP_CHECK:
+    case TIER_CHECK:
         return chk_realloc(p, e, n);
     default:
-        diag_bad_pointer("realloc", DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
+        diag_bad_pointer("realloc", DIAG_INVALID_POINTER, p, TIER_NONE, 0);
     }
 }
 
@@ -295,7 +295,7 @@ static void *front_pvalloc(size_t n) {
 }
 
 static int front_trim(void) {
-    return tiers_collect(TIER_TRIM).released;
+    return tiers_collect(COLLECT_TRIM).released;
 }
 
 /* Out of memory: a request the OS refused may succeed once every cache has
@@ -368,7 +368,7 @@ static __attribute__((noinline)) void front_purge(void) {
          * blocks of each class, megabytes a thread that moved on keeps for
          * good) and heap (empty bundles, free blocks), and its Pool spares. */
         front_purge_mine = now + hak_cfg.bigcache_age_ms;
-        (void)tiers_collect(TIER_THREAD);
+        (void)tiers_collect(COLLECT_THREAD);
     }
     uint64_t next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);
     if (now < next) return;
@@ -377,7 +377,7 @@ static __attribute__((noinline)) void front_purge(void) {
                                                  now + hak_cfg.bigcache_age_ms,
                                                  memory_order_relaxed, memory_order_relaxed))
         return;
-    (void)tiers_collect(TIER_AGE); /* each tier's own timer says whether a pass is due */
+    (void)tiers_collect(COLLECT_AGE); /* each tier's own timer says whether a pass is due */
 }
 
 static inline void *front_class_slow(uint32_t cls) {

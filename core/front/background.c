@@ -30,7 +30,7 @@ static uint64_t bg_jiffy_ms;    /* how far hak_now_ms's coarse clock may lag */
  * nothing that ages is cached. */
 static uint64_t bg_pass(void) {
     atomic_store_explicit(&bg_busy, true, memory_order_relaxed);
-    uint64_t next = tiers_collect(TIER_IDLE).next_ms;
+    uint64_t next = tiers_collect(COLLECT_IDLE).next_ms;
     atomic_fetch_add_explicit(&bg_passes, 1, memory_order_relaxed);
     atomic_store_explicit(&bg_busy, false, memory_order_relaxed);
     return next;

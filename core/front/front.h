@@ -75,31 +75,31 @@ HAK_INLINE void front_free(void *p, const char *fn) {
      * optional fields, and the look would cost it 15 instructions.) */
     if (p == NULL) return;
     uint32_t e = rmap_get(p);
-    if (rmap_kind_of(e) == RMAP_POOL) {
+    if (rmap_kind_of(e) == TIER_POOL) {
         pool_free(p, e, fn);
         return;
     }
-    if (rmap_kind_of(e) == RMAP_L25) {
+    if (rmap_kind_of(e) == TIER_L25) {
         l25_free(p, e, fn);
         return;
     }
-    if (rmap_kind_of(e) == RMAP_LARGE) {
+    if (rmap_kind_of(e) == TIER_LARGE) {
         large_free(p, e, fn);
         return;
     }
-    if (rmap_kind_of(e) == RMAP_CHECK) {
+    if (rmap_kind_of(e) == TIER_CHECK) {
         chk_free(p, e, fn);
         return;
     }
-    diag_reject(fn, DIAG_INVALID_POINTER, p, DIAG_NOWHERE, 0);
+    diag_reject(fn, DIAG_INVALID_POINTER, p, TIER_NONE, 0);
 }
 
 /* What hakmem knows of a pointer: for checks and reports. */
 struct front_block {
-    enum diag_tier tier; /* whose memory p is in; DIAG_NOWHERE: none's */
-    bool live;           /* p is a block held by the program */
-    uint32_t cls;        /* a small tier's: the class */
-    size_t size;         /* a small tier's: the class size; Large: the size last asked */
+    enum hak_tier tier; /* whose memory p is in; TIER_NONE: none's */
+    bool live;          /* p is a block held by the program */
+    uint32_t cls;       /* a small tier's: the class */
+    size_t size;        /* a small tier's: the class size; Large: the size last asked */
 };
 void front_describe(const void *p, struct front_block *b);
 

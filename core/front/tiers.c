@@ -31,7 +31,7 @@ static const struct tier_ops *const tiers[] = {
 struct tier_done tiers_collect(enum tier_collect kind) {
     struct tier_done d = {.released = false, .next_ms = UINT64_MAX};
     for (uint32_t i = 0; i < TIERS_N; i++) {
-        const struct tier_ops *t = tiers[kind == TIER_EXIT ? TIERS_N - 1 - i : i];
+        const struct tier_ops *t = tiers[kind == COLLECT_EXIT ? TIERS_N - 1 - i : i];
         if (t->collect) t->collect(kind, &d);
     }
     return d;
@@ -43,7 +43,7 @@ void tiers_thread_armed(void) {
 }
 
 void tiers_thread_exit(void) {
-    (void)tiers_collect(TIER_EXIT);
+    (void)tiers_collect(COLLECT_EXIT);
 }
 
 void tiers_fork_prepare(void) {

@@ -7,14 +7,14 @@
 
 #include "box/tier.h"
 
-/* Every module's collect of `kind`: in table order, TIER_EXIT in reverse
+/* Every module's collect of `kind`: in table order, COLLECT_EXIT in reverse
  * (the layers above give back to the layers below before these close).
  * What they did, gathered. */
 struct tier_done tiers_collect(enum tier_collect kind);
 
 /* A thread armed its exit hook (box/thread.h). */
 void tiers_thread_armed(void);
-/* Its exit hook runs: tiers_collect(TIER_EXIT). */
+/* Its exit hook runs: tiers_collect(COLLECT_EXIT). */
 void tiers_thread_exit(void);
 
 /* fork: every lock, in table order; released in reverse (parent and child

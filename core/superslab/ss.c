@@ -670,13 +670,13 @@ void ss_get_stats(struct ss_stats *st) {
 
 static void ss_collect(enum tier_collect kind, struct tier_done *done) {
     switch (kind) {
-    case TIER_AGE:
+    case COLLECT_AGE:
         tier_released(done, ss_purge(false));
         break;
-    case TIER_IDLE:
+    case COLLECT_IDLE:
         tier_due(done, ss_age_next());
         break;
-    case TIER_TRIM: /* after Tiny gave back its empty slabs */
+    case COLLECT_TRIM: /* after Tiny gave back its empty slabs */
         tier_released(done, ss_trim());
         tier_released(done, ss_purge(true));
         break;

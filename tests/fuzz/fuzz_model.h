@@ -120,11 +120,11 @@ static const char *const fz_tier_name[] = {"none", "tiny", "pool", "l25", "large
 static inline enum fz_tier fz_tier_of(const void *p) {
     if (ss_contains(p)) return T_TINY;
     switch (rmap_kind_of(rmap_get(p))) {
-    case RMAP_POOL:
+    case TIER_POOL:
         return T_POOL;
-    case RMAP_L25:
+    case TIER_L25:
         return T_L25;
-    case RMAP_LARGE:
+    case TIER_LARGE:
         return T_LARGE;
     default:
         return T_NONE;
@@ -331,7 +331,7 @@ static FZ_UNUSED void fz_worker_exit(void) {
  * The harness remembers the Large mappings of the blocks it frees (as the
  * tier tells them: large_span_of) and, after a call during
  * which a munmap was failed on purpose, unmaps those hakmem no longer knows
- * (no RMAP_LARGE entry) that are still mapped in full. */
+ * (no TIER_LARGE entry) that are still mapped in full. */
 struct fz_cand {
     uintptr_t h;
     size_t size;
@@ -346,7 +346,7 @@ static void fz_note_large(const void *p) {
     uint32_t e = rmap_get(p);
     void *start;
     size_t size;
-    if (rmap_kind_of(e) != RMAP_LARGE || !large_span_of(p, e, &start, &size)) return;
+    if (rmap_kind_of(e) != TIER_LARGE || !large_span_of(p, e, &start, &size)) return;
     uintptr_t h = (uintptr_t)start;
     unsigned k = 0; /* drop any that overlaps (stale) */
     for (unsigned i = 0; i < fz_ncands; i++)
