@@ -80,9 +80,10 @@ static void *front_calloc(size_t nmemb, size_t size) {
 }
 
 static size_t front_usable_size(void *p) {
-    if (ss_contains(p)) return tiny_usable_size(p, "malloc_usable_size");
-    uint32_t e = rmap_get(p);
-    switch (rmap_kind_of(e)) {
+    uint32_t e;
+    switch (front_owner(p, &e)) {
+    case TIER_TINY:
+        return tiny_usable_size(p, "malloc_usable_size");
     case TIER_POOL:
         return small_class_size[pool_class_of(p, e, "malloc_usable_size")];
     case TIER_L25:
@@ -91,23 +92,23 @@ static size_t front_usable_size(void *p) {
         return large_usable_size(p, e, "malloc_usable_size");
     case TIER_CHECK:
         return chk_usable_size(p, e, "malloc_usable_size");
-    default:
-        if (p != NULL)
-            diag_bad_pointer("malloc_usable_size", DIAG_INVALID_POINTER, p, TIER_NONE, 0);
-        return 0;
+    case TIER_NONE:
+        break;
     }
+    if (p != NULL) diag_bad_pointer("malloc_usable_size", DIAG_INVALID_POINTER, p, TIER_NONE, 0);
+    return 0;
 }
 
 void front_describe(const void *p, struct front_block *b) {
     *b = (struct front_block){.tier = TIER_NONE};
-    if (ss_contains(p)) {
+    uint32_t e;
+    int cls;
+    switch (front_owner(p, &e)) {
+    case TIER_TINY: {
         struct ss_slab *s = ss_slab_of(p);
         *b = (struct front_block){TIER_TINY, tiny_is_live(p), s->cls, s->size};
         return;
     }
-    uint32_t e = rmap_get(p);
-    int cls;
-    switch (rmap_kind_of(e)) {
     case TIER_POOL:
         cls = pool_live_class(p, e);
         b->tier = TIER_POOL;
@@ -131,7 +132,7 @@ void front_describe(const void *p, struct front_block *b) {
         b->live = chk_is_live(p, e, &b->size);
         b->cls = SMALL_NCLASSES;
         return;
-    default:
+    case TIER_NONE:
         return;
     }
 }
@@ -223,12 +224,11 @@ static void *front_realloc(void *p, size_t n) {
         front_free(p, "realloc"); /* glibc: realloc(p, 0) frees and returns NULL */
         return NULL;
     }
-    if (ss_contains(p)) {
+    uint32_t e;
+    switch (front_owner(p, &e)) {
+    case TIER_TINY:
         tiny_usable_size(p, "realloc"); /* validates p */
         return front_realloc_class(p, ss_slab_of(p)->cls, n);
-    }
-    uint32_t e = rmap_get(p);
-    switch (rmap_kind_of(e)) {
     case TIER_POOL:
         return front_realloc_class(p, pool_class_of(p, e, "realloc"), n);
     case TIER_L25:
@@ -241,9 +241,10 @@ static void *front_realloc(void *p, size_t n) {
     }
     case TIER_CHECK:
         return chk_realloc(p, e, n);
-    default:
-        diag_bad_pointer("realloc", DIAG_INVALID_POINTER, p, TIER_NONE, 0);
+    case TIER_NONE:
+        break;
     }
+    diag_bad_pointer("realloc", DIAG_INVALID_POINTER, p, TIER_NONE, 0);
 }
 
 static void *front_reallocarray(void *p, size_t nmemb, size_t size) {
