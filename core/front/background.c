@@ -8,7 +8,7 @@
 #include "box/config.h"
 #include "box/diag.h"
 #include "l25.h"
-#include "large.h"
+#include "large/large.h"
 #include "pool.h"
 #include "superslab/ss.h"
 

@@ -10,7 +10,7 @@
 #include "check.h"
 #include "front/report.h"
 #include "front/background.h"
-#include "large.h"
+#include "large/large.h"
 #include "pool.h"
 #include "l25.h"
 #include "superslab/ss.h"

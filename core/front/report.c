@@ -5,7 +5,7 @@
 #include "box/os.h"
 #include "box/stats.h"
 #include "box/usage.h"
-#include "large.h"
+#include "large/large.h"
 #include "l25.h"
 #include "pool.h"
 #include "superslab/ss.h"
