@@ -10,7 +10,7 @@
 #include "box/config.h"
 #include "box/os.h"
 #include "box/prof.h"
-#include "large.h"
+#include "large/large.h"
 #include "death.h"
 #include "maps.h"
 

@@ -11,7 +11,7 @@
 #include <cmocka.h>
 
 #include "box/prof.h"
-#include "large.h"
+#include "large/large.h"
 #include "death.h"
 
 #include <errno.h>

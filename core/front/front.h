@@ -8,7 +8,7 @@
 #include "box/diag.h"
 #include "box/rmap.h"
 #include "check.h"
-#include "large.h"
+#include "large/large.h"
 #include "pool.h"
 #include "l25.h"
 #include "tiny.h"

@@ -7,7 +7,7 @@
 #include "check.h"
 #include "front/background.h"
 #include "l25.h"
-#include "large.h"
+#include "large/large.h"
 #include "pool.h"
 #include "superslab/ss.h"
 #include "tcache.h"

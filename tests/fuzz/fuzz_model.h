@@ -37,7 +37,7 @@
 #endif
 #include "box/os.h"
 #include "box/rmap.h"
-#include "large.h"
+#include "large/large.h"
 #include "sizeclass.h"
 #include "superslab/ss.h"
 

@@ -1,5 +1,5 @@
 /* Large tier, above HAK_SMALL_MAX: one mapping per block, a 64-byte header in
- * the mapping's first region (at its start, or at a colour: large.c), the
+ * the mapping's first region (at its start, or at a colour: large/block.c), the
  * block after it (or at the requested alignment).
  * Freed mappings wait in a BigCache (bounded in entries and bytes,
  * decommitted and then unmapped when they stay unused) that serves any
@@ -78,7 +78,7 @@ void large_thread_start(void);
 void large_thread_exit(void);
 
 /* The counters: this thread's changes all, another thread's but its latest
- * few (large.c, large_count). */
+ * few (large/internal.h, large_count). */
 struct large_stats {
     uint64_t allocs, frees, cache_hits, remaps_inplace, remaps_moved;
     uint64_t live_blocks, live_bytes, cached_blocks, cached_bytes;

@@ -1,171 +1,28 @@
-/* Large tier. The header sits in the mapping's first page, at the start or
- * at a colour (large_place); every region of the mapping but the first is
- * marked TIER_LARGE with its distance back to the start, and the first with
- * the colour, so free finds the header from the pointer in O(1) and can
- * check that the pointer is the one it handed out. Every kernel mapping of
- * the tier ends in a guard page (LARGE_GUARD). */
-#include "large.h"
+/* Large tier: where freed mappings wait to be used again, and the tier's
+ * malloc and free, which take them and put them there. The BigCache (its
+ * shards and entries: taking, splitting, merging, ageing, shedding), the
+ * profiler's spares, the threads' own caches (large_tc_*), and what looks
+ * at all of them: large_age_next, large_trim, the fork hooks and
+ * large_get_stats. large_alloc and large_free are here, with the caches,
+ * so that what they call of them stays inlined in them; and realloc's
+ * growth over a cached mapping (large_grow_into_cached), for the same
+ * reason. */
+#include "large/internal.h"
 
 #include "box/bell.h"
 #include "box/clock.h"
 #include "box/config.h"
-#include "box/diag.h"
-#include "box/secret.h"
-#include "box/tier.h"
 #include "box/lock.h"
 #include "box/os.h"
-#include "box/prof.h"
 #include "box/rmap.h"
-#include "box/usage.h"
-#include "sizeclass.h"
-#include "tcache.h"
+#include "box/tier.h"
 #include "sizes.h"
+#include "tcache.h"
 
-#include <assert.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
-
-#define LARGE_LIVE     0x4556494cu /* "LIVE" */
-#define LARGE_FREE     0x45455246u /* "FREE" */
-#define LARGE_HDR_SIZE ((size_t)64)
-
-struct large_hdr {
-    uint32_t magic;
-    bool thp;        /* the mapping asked for huge pages */
-    bool growing;    /* from large_alloc_growing: counted in large_growing_live */
-    bool guarded;    /* the mapping's last page is a guard (LARGE_GUARD) */
-    uint8_t sample;  /* enum large_sample */
-    size_t offset;   /* from the header to the block (the pointer handed out) */
-    size_t req;      /* the size last asked for */
-    size_t map_size; /* bytes mapped from the mapping's start on */
-    size_t ready;    /* bytes from the start on whose pages are (taken as) resident */
-    uint64_t map;    /* the kernel mapping it is (part of): see large_entry */
-    /* The heap profiler's view (large_follow): the chance that the block is
-     * sampled is that of the bytes its countdown passed over for it. */
-    union {
-        size_t drawn;         /* unsampled: those bytes */
-        struct prof_rec *rec; /* sampled: its record, which counts them (NULL:
-                               * there was no memory for one) */
-    } prof;
-};
-/* What the heap profiler knows of a block. */
-enum large_sample {
-    LS_NONE,
-    LS_LARGE, /* it has a record of it (prof_record) */
-    LS_SMALL, /* and it is a small class's block it moved here (its drawn
-               * bytes: the class size): its mapping counts in
-               * large_sampled_small */
-};
-/* The 8 bytes below the block hold a canary (large_canary): a write before
- * the block (an underflow) reaches it before any field of the header, and
- * the fields a report needs come first, farthest from the block. */
-_Static_assert(sizeof(struct large_hdr) <= LARGE_HDR_SIZE - 8, "the header and the canary fit");
-
-/* The block of mapping h: the pointer handed out. */
-HAK_INLINE void *large_user(const struct large_hdr *h) {
-    return (uint8_t *)h + h->offset;
-}
-
-/* Header colours. Mappings start on region boundaries (2 MiB), so the
- * headers of all blocks, were each at its start, would share their address
- * bits below 2 MiB, and so would the parts of blocks growing side by side:
- * the CPU's caches and TLBs pick a set by those bits, and 64 buffers grown
- * by appends (append_64k), their headers read and their ends written at
- * every realloc, missed the TLB at every step (0.7x mimalloc's speed; with
- * 32 buffers, which fit the ways of one set, 1.1x). So a block at the
- * tier's own alignment has its header (and itself after it) at a colour:
- * one of LARGE_COLOURS cache lines of its first page, taken in turn within
- * the slack its last page leaves (no page more for it: jemalloc's random
- * offset costs one); a growing block, which has room to spare, also up to
- * 15 pages in (address space only: they are never touched). The first
- * region's entry names the colour (LARGE_FIRST | colour, in lines from the
- * start, or 0 for the start); the header of a block at a bigger alignment
- * is at the start. */
-#define LARGE_COLOURS      64
-#define LARGE_COLOUR_SIZE  ((size_t)64)
-#define LARGE_PAGE_COLOURS 16
-/* Region payload flag: the mapping's first region, its header's colour in
- * the low bits. Other regions' payloads (distances back) stay below it:
- * mappings are at most LARGE_MAP_MAX bytes. */
-#define LARGE_FIRST   ((uint32_t)1 << 23)
-#define LARGE_MAP_MAX ((size_t)(LARGE_FIRST - 1) << HAK_REGION_SHIFT)
-
-/* The first region's payload for a header at `colour`. */
-HAK_INLINE uint32_t large_first_payload(uint32_t colour) {
-    return colour != 0 ? LARGE_FIRST | colour : 0;
-}
-_Static_assert(LARGE_PAGE_COLOURS *HAK_PAGE_SIZE + LARGE_COLOURS * LARGE_COLOUR_SIZE <
-                   HAK_REGION_SIZE / 16,
-               "a header in the first region, a growing block with room");
-
-/* The start of h's mapping: the region h is in. */
-HAK_INLINE uint8_t *large_start(const struct large_hdr *h) {
-    return (uint8_t *)((uintptr_t)h & ~(HAK_REGION_SIZE - 1));
-}
-
-/* h's colour: its distance from the start, in lines. */
-HAK_INLINE uint32_t large_colour_of(const struct large_hdr *h) {
-    return (uint32_t)(((uintptr_t)h & (HAK_REGION_SIZE - 1)) / LARGE_COLOUR_SIZE);
-}
-
-/* Bytes from the start of h's mapping to its block. */
-HAK_INLINE size_t large_lead(const struct large_hdr *h) {
-    return ((uintptr_t)h & (HAK_REGION_SIZE - 1)) + h->offset;
-}
-
-HAK_INLINE uint64_t *large_canary(const void *user) {
-    return (uint64_t *)user - 1;
-}
-
-/* The canary's value: from the per-process secret, every byte's high bit
- * set, so that no byte of text or small number written over it matches its
- * byte there (the report names the farthest byte written: one that matched
- * would be missed). */
-HAK_INLINE uint64_t large_canary_value(void) {
-    return hak_secret() | 0x8080808080808080ull;
-}
-
-/* Every kernel mapping the tier makes ends in a guard page: a block's
- * linear overflow faults there, at the latest, instead of running into the
- * next mapping (and a block above it that underflows stops there too).
- * Address space only. The part of a mapping that holds it (`guarded`) may
- * use the mapping up to it: its room (large_room). It stays while the
- * mapping is cached, and where the cache splits a mapping the rest keeps it:
- * taking, splitting, merging and growing over a cached rest make no call.
- * The parts of one mapping (a block cut from a bigger freed one, and the
- * rest, which another block may take) have none between them. It is taken
- * away before the mapping is resized or moved (mremap refuses a range that
- * mprotect split, and a guard inside would stay there), and added at the
- * new end. */
-#define LARGE_GUARD HAK_PAGE_SIZE
-
-/* Kernel mappings made so far: each gets the next number. */
-static _Atomic uint64_t large_maps;
-
-/* The guard page of a mapping of `size` bytes at `start`. */
-HAK_INLINE void *large_guard_page(const void *start, size_t size) {
-    return (uint8_t *)start + size - LARGE_GUARD;
-}
-
-/* The bytes a mapping of `size` may hold a block in: all but its guard
- * page, if `guarded`. */
-HAK_INLINE size_t large_room_of(size_t size, bool guarded) {
-    return size - (guarded ? LARGE_GUARD : 0);
-}
-
-HAK_INLINE size_t large_room(const struct large_hdr *h) {
-    return large_room_of(h->map_size, h->guarded);
-}
-
-/* Add a guard page at the end of h's mapping, which ends a kernel mapping
- * (a refusal leaves it without one). */
-static void large_guard(struct large_hdr *h) {
-    if (!h->guarded)
-        h->guarded = os_guard_add(large_guard_page(large_start(h), h->map_size), LARGE_GUARD);
-    if (h->ready > large_room(h)) h->ready = large_room(h);
-}
 
 /* Take the guard page of the mapping of `size` bytes at `start` away
  * where it is, if *guarded (a merge: the page is inside the merged mapping); false
@@ -176,19 +33,6 @@ static bool large_clear_guard(void *start, size_t size, bool *guarded) {
     *guarded = false;
     return true;
 }
-
-static inline uint64_t large_map_id(void) {
-    return atomic_fetch_add_explicit(&large_maps, 1, memory_order_relaxed) + 1;
-}
-
-/* Blocks from large_alloc_growing live now, at most LARGE_GROWING_MAX: each
- * is a mapping of its own (the kernel limits their number), with room to the
- * end of its 2 MiB region. */
-#define LARGE_GROWING_MAX 1024
-/* The window large_populate brings in ahead of a growing block's end. */
-#define LARGE_AHEAD_MIN ((size_t)8 << 10)
-#define LARGE_AHEAD_MAX ((size_t)256 << 10)
-static _Atomic uint32_t large_growing_live;
 
 /* BigCache: freed mappings kept for reuse, at most LARGE_CACHE_N a shard
  * and hak_cfg.bigcache_bytes together. A request takes the smallest one that
@@ -219,21 +63,6 @@ static _Atomic uint32_t large_growing_live;
  * profiler's spares, which a later look moves to the BigCache, go to the
  * looker's). */
 #define LARGE_SHARDS 16
-
-struct large_entry {
-    uint8_t *at; /* the mapping's start (its header: unreadable once decommitted) */
-    size_t size;
-    uint64_t freed_ms; /* when it was freed; 0: to be unmapped */
-    uint64_t seq;      /* order of the frees in its shard (many share a millisecond) */
-    uint32_t shard;    /* the shard it is (or was last) in: its seq is that one's */
-    /* The kernel mapping (large_map, or a move) it is part of: only parts
-     * of one merge again, since mremap refuses a range over two. */
-    uint64_t map;
-    bool decommitted;
-    bool thp;        /* the mapping asked for huge pages */
-    bool guarded;    /* its last page is a guard */
-    uint16_t colour; /* its header's (kept for its next block, if it fits) */
-};
 
 struct large_cache {
     _Alignas(64) pthread_mutex_t lock;
@@ -290,139 +119,6 @@ static size_t large_others_bytes(const struct large_cache *lc) {
         if (&large_caches[s] != lc)
             b += atomic_load_explicit(&large_caches[s].glance_bytes, memory_order_relaxed);
     return b;
-}
-
-/* The tier's counters. A thread adds its changes to its own copy and
- * publishes them (an atomic add per counter changed) every LARGE_BATCH
- * changes, once its live bytes not published pass LARGE_PUBLISH_BYTES
- * either way (a huge block shows at once, in mallinfo2 too), before it
- * reads them, and at its exit: an atomic on a line every thread writes cost
- * ~5 ns, a sampled small block (a Large block per sample) made seven, and
- * a malloc and free of a few MiB published all of them each time (9
- * atomics a pair, 7 on this one line, when the bound was 256 KiB). A
- * malloc and free make 5 changes (allocs, hits, frees and live bytes twice)
- * and publish 4 counters: every 1024 changes is 0.02 atomics a pair (every
- * 64, with the live blocks a counter of their own, was 0.45: the count
- * build's local_1-4m). The live blocks are the allocs less the frees. Until
- * then another thread's reading misses a running thread's latest changes,
- * up to ~400 blocks and 64 MiB. Signed: a thread's published frees of
- * blocks another thread allocated may come before that thread's publishing
- * of them. */
-enum { LC_ALLOCS, LC_FREES, LC_HITS, LC_INPLACE, LC_MOVED, LC_LIVE_BYTES, LC_N };
-#define LARGE_BATCH         1024
-#define LARGE_PUBLISH_BYTES ((int64_t)64 << 20)
-static _Atomic int64_t large_count[LC_N];
-static __thread struct {
-    int64_t d[LC_N];
-    uint32_t changes;
-    /* LARGE_BATCH while the thread's exit hook publishes the rest
-     * (large_thread_start), 0 (at once) before and after. */
-    uint32_t batch;
-} large_tls;
-
-static void large_publish(void) {
-    for (int c = 0; c < LC_N; c++)
-        if (large_tls.d[c] != 0) {
-            atomic_fetch_add_explicit(&large_count[c], large_tls.d[c], memory_order_relaxed);
-            large_tls.d[c] = 0;
-        }
-    large_tls.changes = 0;
-}
-
-static inline void large_add(int c, int64_t d) {
-    large_tls.d[c] += d;
-    int64_t live = large_tls.d[LC_LIVE_BYTES];
-    if (++large_tls.changes >= large_tls.batch || live > LARGE_PUBLISH_BYTES ||
-        live < -LARGE_PUBLISH_BYTES)
-        large_publish();
-}
-
-static void large_tc_release(void); /* (the threads' own caches: below) */
-
-void large_thread_start(void) {
-    large_tls.batch = LARGE_BATCH;
-}
-
-void large_thread_exit(void) {
-    large_tc_release();
-    large_tls.batch = 0;
-    large_publish();
-}
-
-/* A published counter, never below 0 (see large_count). */
-static uint64_t large_counted(int c) {
-    int64_t v = atomic_load_explicit(&large_count[c], memory_order_relaxed);
-    return v > 0 ? (uint64_t)v : 0;
-}
-
-/* The live blocks' mappings grew by d bytes (shrank, when negative): they
- * are what the tier has in use (box/usage.h). */
-static inline void large_live_add(int64_t d) {
-    large_add(LC_LIVE_BYTES, d);
-    usage_add(d);
-}
-
-/* Alignment of the mapping itself: regions at least, more for big requests. */
-static inline size_t large_map_align(size_t align) {
-    return align > HAK_REGION_SIZE ? align : HAK_REGION_SIZE;
-}
-
-static inline size_t large_offset(size_t align) {
-    return align > LARGE_HDR_SIZE ? align : LARGE_HDR_SIZE;
-}
-
-/* Register the mapping of `size` bytes at `start` in the region map, its
- * header at `colour`; false when it is too big or a leaf cannot be mapped
- * (nothing marked). Once marked, a range's leaves exist: marking it again
- * cannot fail. */
-static bool large_mark(void *start, size_t size, uint32_t colour) {
-    /* (The first region's entry in one store: a live block's stays its.) */
-    return size <= LARGE_MAP_MAX &&
-           rmap_mark_span_from(start, size, TIER_LARGE, large_first_payload(colour));
-}
-
-/* A fresh mapping of `size` bytes at `map_align`, registered in the region
- * map, with huge pages when `thp` (the kernel backs each 2 MiB-aligned
- * stretch with one page on its first touch: one fault instead of 512; a
- * refusal is fine): its header, at `colour` (no other page of it touched);
- * NULL with errno ENOMEM when it cannot be had (nothing is left). */
-static struct large_hdr *large_map(size_t size, size_t map_align, bool thp, uint32_t colour) {
-    uint8_t *start = os_map_aligned(size, map_align);
-    if (start && !large_mark(start, size, colour)) {
-        os_unmap(start, size);
-        start = NULL;
-    }
-    if (start == NULL) {
-        errno = ENOMEM;
-        return NULL;
-    }
-    struct large_hdr *h = (struct large_hdr *)(start + colour * LARGE_COLOUR_SIZE);
-    h->thp = thp && os_hugepages(start, size); /* what the kernel granted */
-    h->map = large_map_id();
-    return h;
-}
-
-static void large_release(void *start, size_t size) {
-    rmap_clear_span(start, size);
-    os_unmap(start, size);
-}
-
-/* Before the mapping of *size bytes at `start` (its header at `colour`)
- * grows, moves or is trimmed: its guard page, if *guarded, is unmapped, not
- * taken away where it is. A page table left in the region past the last
- * whole one would keep the growth there from being a huge page (a fault per
- * page instead of one). false when refused. */
-static bool large_drop_guard(uint8_t *start, size_t *size, bool *guarded, uint32_t colour) {
-    if (!*guarded) return true;
-    size_t left = *size - LARGE_GUARD, keep = hak_align_up(left, HAK_REGION_SIZE);
-    if (keep < *size) rmap_clear_span(start + keep, *size - keep); /* a region of its own */
-    if (!os_unmap(large_guard_page(start, *size), LARGE_GUARD)) {
-        large_mark(start, *size, colour);
-        return false;
-    }
-    *size = left;
-    *guarded = false;
-    return true;
 }
 
 /* Remove entry i. Lock held. */
@@ -820,133 +516,34 @@ static void large_cache_put(struct large_hdr *h) {
     large_cache_put_at(h, hak_now_ms(), &large_caches[large_home_index()]);
 }
 
-/* h's mapping now has `size` bytes, its last page a guard if `guarded`.
- * `resident`: the pages added came with theirs. The pages of a block that
- * is not growing are all taken as resident (large_populate is for growing
- * ones); a growing block's ready shrinks with its room, and grows only over
- * resident pages right after it. */
-static void large_set_map_size(struct large_hdr *h, size_t size, bool guarded, bool resident) {
-    size_t was = large_room(h);
-    h->map_size = size;
-    h->guarded = guarded;
-    size_t room = large_room(h);
-    if (!h->growing || (resident && h->ready == was) || h->ready > room) h->ready = room;
-}
-
-/* Growing block h, asked for n bytes, now needs `need` from its start (past
- * h->ready, within its room; h->req is still the size before). A buffer growing by small
- * appends (steps of at most 1/32 of it) writes every byte: its pages up to `need` and a
- * window ahead (half its size again, 8 KiB to 256 KiB) come in with one call,
- * where it would take a page fault per page, each a trip into the kernel (in
- * a virtual machine, ~12 us here; a populate call costs ~1 us a page). After
- * a bigger step (a vector doubling; CPython's lists and string writers, which
- * ask for an eighth or a quarter more than they fill; a program asking for
- * much at once and touching little of it) or a jump past the window, the
- * pages fault in as touched, as they would without this. */
-static void large_populate(struct large_hdr *h, size_t n, size_t need) {
-    size_t step = n > h->req ? n - h->req : 0;
-    if (step > n / 32 || need - h->ready > LARGE_AHEAD_MAX) {
-        h->ready = need;
-        return;
+/* Grow h's room to `pages` over the cached mapping right after it, if
+ * there is one big enough (what a split left of h's own mapping, typically:
+ * no syscall, no fault for the pages it kept); what h does not need of it
+ * stays cached, from the next region boundary on, with the guard page. */
+bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
+    size_t old = h->map_size;
+    /* (At least the room wanted, whether the rest has the guard page or
+     * not.) */
+    struct large_entry got =
+        large_cache_claim(large_start(h) + old, pages - old + LARGE_GUARD, h->map, h->thp);
+    if (got.size == 0) return false;
+    size_t size = old + got.size, keep = hak_align_up(pages, HAK_REGION_SIZE);
+    bool guarded = got.guarded;
+    if (size > keep && size - keep >= HAK_REGION_SIZE) {
+        got.at = large_start(h);
+        got.colour = (uint16_t)large_colour_of(h);
+        got.size = size;
+        large_cache_add_rest(got, keep);
+        size = keep;
+        guarded = false;
     }
-    size_t ahead = n / 2;
-    ahead = ahead < LARGE_AHEAD_MIN   ? LARGE_AHEAD_MIN
-            : ahead > LARGE_AHEAD_MAX ? LARGE_AHEAD_MAX
-                                      : ahead;
-    size_t to = hak_align_up(need + ahead, HAK_PAGE_SIZE);
-    if (to > large_room(h)) to = large_room(h);
-    assert(h->ready % HAK_PAGE_SIZE == 0 && to % HAK_PAGE_SIZE == 0); /* (madvise wants pages) */
-    os_populate(large_start(h) + h->ready, to - h->ready);            /* refused: they fault in */
-    h->ready = to;
-}
-
-/* Each thread's turn of header colours. */
-static __thread uint32_t large_colour_turn;
-
-/* The colour for a block of `size` bytes at `off` from its header, in a
- * mapping with `room` (growing: large_alloc_growing's), at most `keep`
- * (the block's colour now, kept when it is not the start and fits); the
- * next in turn that fits otherwise (the start if none). Only a block at the
- * tier's own alignment has one. What fits is the slack: what the block's
- * last page has past its end, or for a growing block its whole room. */
-static uint32_t large_colour_for(size_t off, size_t size, size_t room, bool growing,
-                                 uint32_t keep) {
-    if (off != LARGE_HDR_SIZE) return 0;
-    size_t end = off + (size ? size : 1);
-    size_t lines = ((growing ? room : hak_align_up(end, HAK_PAGE_SIZE)) - end) / LARGE_COLOUR_SIZE;
-    if (keep != 0 && keep <= lines) return keep;
-    if (lines == 0) return 0;
-    uint32_t most = lines < LARGE_COLOURS - 1 ? (uint32_t)lines : LARGE_COLOURS - 1;
-    uint32_t c = 1 + ++large_colour_turn % most;
-    /* A growing block also c % LARGE_PAGE_COLOURS pages in (at most 60 KiB
-     * of its room): the pages of blocks grown side by side then differ in
-     * the bits above 4 KiB too. */
-    size_t pages = growing ? c % LARGE_PAGE_COLOURS : 0;
-    if (pages * (HAK_PAGE_SIZE / LARGE_COLOUR_SIZE) + c <= lines)
-        c += (uint32_t)(pages * (HAK_PAGE_SIZE / LARGE_COLOUR_SIZE));
-    return c;
-}
-
-/* Mapping h's header (at its start, at the colour large_map gave it, or
- * where its last block had it) moved to the colour of a block of `size`
- * bytes at `off` from it (large_colour_for), and returned. A header moved
- * leaves zeroes behind, its canary's word too: its line may be inside the
- * new block, which a decommitted mapping hands to calloc as zeroes. */
-static struct large_hdr *large_place(struct large_hdr *h, size_t off, size_t size, bool growing) {
-    uint32_t now = large_colour_of(h);
-    uint32_t c = large_colour_for(off, size, large_room(h), growing, now);
-    if (c == now) return h;
-    uint8_t *start = large_start(h);
-    struct large_hdr *to = (struct large_hdr *)(start + c * LARGE_COLOUR_SIZE);
-    *to = *h; /* (a line apart at least: no overlap) */
-    memset(h, 0, LARGE_COLOUR_SIZE);
-    rmap_set_region(start, TIER_LARGE, large_first_payload(c)); /* (its leaf exists) */
-    return to;
-}
-
-/* Mapping h (its map_size, thp and guarded set) becomes the live block of
- * `size` bytes at offset `off` from its header (large_place's). `clean`: as
- * large_cache_take's. */
-static void *large_open(struct large_hdr *h, size_t off, size_t size, bool growing, bool zero,
-                        size_t clean) {
-    h = large_place(h, off, size, growing);
-    h->magic = LARGE_LIVE;
-    h->offset = off;
-    *large_canary(large_user(h)) = large_canary_value();
-    h->req = size;
-    h->growing = growing;
-    h->sample = LS_NONE;
-    h->prof.drawn = size;
-    /* A growing block's pages come in by large_populate as it grows, unless
-     * a cached mapping had them already (`clean` may count the part a split
-     * left in the cache); any other block's as touched. */
-    size_t room = large_room(h), lead = large_lead(h);
-    size_t first = (lead - off) & ~(HAK_PAGE_SIZE - 1); /* its header's page */
-    h->ready = growing && clean < room ? clean : room;
-    /* (The pages before its header's are not the block's: none to bring in.) */
-    if (h->ready < first) h->ready = first;
-    if (zero && clean > lead) memset(large_user(h), 0, clean - lead < size ? clean - lead : size);
-    large_add(LC_ALLOCS, 1);
-    large_live_add((int64_t)h->map_size);
-    return large_user(h);
-}
-
-/* The mappings of sampled small blocks, live or spare, at most
- * LARGE_SAMPLED_MAX. Each is a mapping of its own, and the kernel limits how
- * many a process has (vm.max_map_count, 65530 by default): past it every
- * mmap fails, the program's own too. With a small HAKMEM_PROF_SAMPLE a
- * program keeping many small blocks would reach it (python3 did, sampling
- * every KiB). A quarter of the default (half where the guard page is a
- * kernel mapping of its own: mprotect, before Linux 6.13); at the default
- * rate, 8 GiB of small blocks in use. Counted as a mapping comes in for a
- * sample and as it leaves for the BigCache or the kernel: a spare taken or
- * put back changes nothing (no atomic per sample). */
-#define LARGE_SAMPLED_MAX 16384
-static _Atomic uint32_t large_sampled_small;
-
-/* n mappings of sampled small blocks are no longer (see above). */
-static void large_sampled_out(uint32_t n) {
-    atomic_fetch_sub_explicit(&large_sampled_small, n, memory_order_relaxed);
+    /* Its regions pointed to its own header: now to h's. Cannot fail (the
+     * leaves exist). */
+    large_mark(large_start(h), size, large_colour_of(h));
+    large_set_map_size(h, size, guarded, !got.decommitted);
+    large_add(LC_INPLACE, 1);
+    large_live_add((int64_t)size - (int64_t)old);
+    return true;
 }
 
 /* Spares: the mappings of freed sampled blocks that are not Large (a small
@@ -975,7 +572,7 @@ static struct {
 
 /* A spare with at least `room` bytes of room, and not more than twice as
  * many: the smallest; NULL when none. */
-static struct large_hdr *large_spare_take(size_t room) {
+struct large_hdr *large_spare_take(size_t room) {
     hak_spin_lock(&large_spares.lock);
     uint32_t best = LARGE_SPARES;
     size_t best_room = SIZE_MAX;
@@ -1397,7 +994,7 @@ static void large_tc_give_back(struct large_tc *t) {
 }
 
 /* This thread's record: emptied, and given back. */
-static void large_tc_release(void) {
+void large_tc_release(void) {
     struct large_tc *t = large_my_tc;
     if (t == NULL) return;
     while (!large_tc_enter(t)) /* a drainer has it: a moment */
@@ -1406,7 +1003,7 @@ static void large_tc_release(void) {
     large_tc_give_back(t);
 }
 
-static void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
+void *large_alloc_as(size_t size, size_t align, bool zero, bool growing) {
     size_t off = large_offset(align);
     /* (A mapping of room, guard page and region rounding fits LARGE_MAP_MAX.) */
     if (off > LARGE_MAP_MAX / 2 || size > LARGE_MAP_MAX - off - 2 * HAK_REGION_SIZE) {
@@ -1466,178 +1063,6 @@ void *large_alloc(size_t size, size_t align, bool zero) {
     return large_alloc_as(size, align, zero, false);
 }
 
-/* h, a sampled block, is freed or reallocated: its sample goes. True when
- * it was a small block (moved here by the profiler): its mapping is still
- * counted in large_sampled_small. */
-static bool large_unsample(struct large_hdr *h) {
-    prof_forget(h->prof.rec);
-    bool small = h->sample == LS_SMALL;
-    h->sample = LS_NONE;
-    return small;
-}
-
-/* h, unsampled, n bytes, is sampled now (with the chance of its drawn
- * bytes), unless the profiler has no memory for its record (the sample
- * lost, and counted). */
-static void large_take_sample(struct large_hdr *h, size_t n) {
-    struct prof_rec *r = prof_record(large_user(h), n, h->prof.drawn);
-    if (r == NULL) return;
-    h->sample = LS_LARGE; /* (no mapping made for it: not counted) */
-    h->prof.rec = r;
-}
-
-void *large_alloc_sampled(size_t size, size_t align, bool zero, size_t n, bool small) {
-    size_t off = large_offset(align);
-    void *p = NULL;
-    if (small && off <= HAK_REGION_SIZE) { /* (a spare is region-aligned) */
-        struct large_hdr *h =
-            large_spare_take(hak_align_up(off + (size ? size : 1), HAK_PAGE_SIZE));
-        if (h != NULL) {
-            large_add(LC_HITS, 1);
-            p = large_open(h, off, size, false, zero, h->map_size); /* (its pages were used) */
-        }
-    }
-    if (p == NULL) {
-        if (small && atomic_fetch_add_explicit(&large_sampled_small, 1, memory_order_relaxed) >=
-                         LARGE_SAMPLED_MAX) {
-            large_sampled_out(1);
-            return NULL;
-        }
-        p = large_alloc_as(size, align, zero, false);
-        if (p == NULL) {
-            if (small) large_sampled_out(1);
-            return NULL;
-        }
-    }
-    struct large_hdr *h = (struct large_hdr *)((uint8_t *)p - off);
-    struct prof_rec *r = prof_record(p, n, size);
-    if (small || r != NULL) { /* (a small one's mapping is counted, recorded or not) */
-        h->sample = small ? LS_SMALL : LS_LARGE;
-        h->prof.rec = r;
-    }
-    return p;
-}
-
-/* large_follow's rare parts (each returns the block). A sampled block's
- * record follows it. */
-static __attribute__((cold, noinline)) void *large_sample_follows(struct large_hdr *h, void *p,
-                                                                  size_t n) {
-    prof_resize(h->prof.rec, p, n);
-    return p;
-}
-
-/* ... The byte countdown passed 0 as h grew by `more` bytes to n. */
-static __attribute__((cold, noinline)) void *large_countdown_passed(struct large_hdr *h, void *p,
-                                                                    size_t n, size_t more) {
-    if (prof_bytes_passed(more)) large_take_sample(h, n);
-    return p;
-}
-
-/* Block p, header h, n bytes now after a realloc (the same block, resized
- * in place or its pages moved; or a new one, drawn 0): the profiler's view
- * of it follows; p. Its chance to have been sampled is that of the bytes
- * drawn for it. A sampled block keeps its record, at its new address and
- * size. An unsampled one that grows past those bytes has the countdown
- * pass over the new ones. The process being one over bytes, either way the
- * chance is then that of all its bytes allocated at once, and each byte was
- * drawn once: a buffer grown a little at a time is sampled as often as its
- * bytes say (drawn whole at every step, as a new allocation, it would be
- * sampled at nearly every step once past HAKMEM_PROF_SAMPLE). Only tail
- * calls: a realloc in place saves no registers for it. */
-HAK_INLINE void *large_follow(struct large_hdr *h, void *p, size_t n) {
-    if (hak_unlikely(h->sample != LS_NONE)) return large_sample_follows(h, p, n);
-    size_t more = n > h->prof.drawn ? n - h->prof.drawn : 0;
-    h->prof.drawn += more;
-    /* (prof_bytes_due, its call a tail call.) */
-    return prof_bytes_count(more) ? large_countdown_passed(h, p, n, more) : p;
-}
-
-void *large_alloc_growing(size_t size) {
-    /* (At the bound, every growing realloc asks: a load, not a write.) */
-    if (atomic_load_explicit(&large_growing_live, memory_order_relaxed) >= LARGE_GROWING_MAX)
-        return NULL;
-    if (atomic_fetch_add_explicit(&large_growing_live, 1, memory_order_relaxed) >=
-        LARGE_GROWING_MAX) {
-        atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
-        return NULL;
-    }
-    int saved = errno; /* a refusal here is no failure of realloc */
-    void *p = large_alloc_as(size, HAK_MIN_ALIGN, false, true);
-    if (p == NULL) {
-        atomic_fetch_sub_explicit(&large_growing_live, 1, memory_order_relaxed);
-        errno = saved;
-    } else if (hak_unlikely(prof_on)) { /* a new block to the profiler: all of it drawn */
-        struct large_hdr *h = (struct large_hdr *)((uint8_t *)p - large_offset(HAK_MIN_ALIGN));
-        h->prof.drawn = 0;
-        large_follow(h, p, size);
-    }
-    return p;
-}
-
-/* p, whose header is h, is no live block: say what it is and abort. */
-__attribute__((noreturn, noinline, cold)) static void
-large_reject(const void *p, const struct large_hdr *h, const char *fn) {
-    if (h->magic == LARGE_LIVE && large_user(h) == p) { /* live, its canary overwritten */
-        uint64_t was = large_canary_value() ^ *large_canary(p);
-        diag_bug(&(struct diag_bug){.fn = fn,
-                                    .kind = DIAG_HEAP_UNDERFLOW,
-                                    .p = p,
-                                    .tier = TIER_LARGE,
-                                    .block = h->req,
-                                    .at = -(8 - (ptrdiff_t)__builtin_ctzll(was) / 8)});
-    }
-    if (h->magic == LARGE_FREE && large_user(h) == p)
-        diag_bad_pointer(fn, DIAG_DOUBLE_FREE, p, TIER_LARGE, h->req);
-    diag_bad_pointer(fn, DIAG_INVALID_POINTER, p, TIER_LARGE, 0);
-}
-
-/* The header of the mapping p is in (region entry TIER_LARGE). */
-HAK_INLINE struct large_hdr *large_mapping_of(const void *p, uint32_t entry) {
-    uint32_t pl = rmap_payload(entry);
-    uintptr_t base = rmap_region_base(p);
-    /* The first region names the colour; any other, its distance back to
-     * the start (a header there: a block at a bigger alignment's; for a
-     * pointer into a coloured one's, a line that says no block). */
-    if (pl & LARGE_FIRST)
-        return (struct large_hdr *)(base + (pl - LARGE_FIRST) * LARGE_COLOUR_SIZE);
-    return (struct large_hdr *)(base - ((uintptr_t)pl << HAK_REGION_SHIFT));
-}
-
-HAK_INLINE bool large_hdr_live(const struct large_hdr *h, const void *p) {
-    return h->magic == LARGE_LIVE && large_user(h) == p && *large_canary(p) == large_canary_value();
-}
-
-/* The live header for p, or abort naming p. Inlined: realloc of a growing
- * buffer is this and a compare. */
-HAK_INLINE struct large_hdr *large_header(const void *p, uint32_t entry, const char *fn) {
-    struct large_hdr *h = large_mapping_of(p, entry);
-    if (hak_unlikely(!large_hdr_live(h, p))) large_reject(p, h, fn);
-    return h;
-}
-
-bool large_span_of(const void *p, uint32_t entry, void **start, size_t *size) {
-    const struct large_hdr *h = large_mapping_of(p, entry);
-    if (!large_hdr_live(h, p)) return false;
-    *start = large_start(h);
-    *size = h->map_size;
-    return true;
-}
-
-bool large_mapping_at(const void *start, uint32_t e, size_t *size) {
-    uint32_t pl = rmap_payload(e);
-    if (rmap_kind_of(e) != TIER_LARGE || ((uintptr_t)start & (HAK_REGION_SIZE - 1)) != 0 ||
-        (pl != 0 && !(pl & LARGE_FIRST)))
-        return false;
-    *size = large_mapping_of(start, e)->map_size;
-    return true;
-}
-
-bool large_is_live(const void *p, uint32_t entry, size_t *req) {
-    const struct large_hdr *h = large_mapping_of(p, entry);
-    *req = h->req;
-    return large_hdr_live(h, p);
-}
-
 void large_free(void *p, uint32_t entry, const char *fn) {
     struct large_hdr *h = large_header(p, entry, fn);
     /* A sampled small block's mapping: kept for the next (a spare). */
@@ -1651,203 +1076,6 @@ void large_free(void *p, uint32_t entry, const char *fn) {
         large_sampled_out(1);
     }
     if (!large_tc_put(h)) large_cache_put(h);
-}
-
-size_t large_usable_size(const void *p, uint32_t entry, const char *fn) {
-    struct large_hdr *h = large_header(p, entry, fn);
-    /* What the program asked for, to whole pages; not the room the mapping
-     * may have beyond it (a growing block's region, a cached mapping's
-     * slack, huge-page rounding): programs that count their memory by it
-     * (redis's used_memory, and its maxmemory evictions) would count that
-     * room as used. */
-    size_t lead = large_lead(h);
-    return hak_align_up(lead + (h->req ? h->req : 1), HAK_PAGE_SIZE) - lead;
-}
-
-/* Move block h's pages into a fresh aligned mapping of `need` bytes, for a
- * request of n: its header there (no guard page yet), or NULL. */
-static struct large_hdr *large_move(struct large_hdr *h, size_t need, size_t n) {
-    size_t off = h->offset, old = h->map_size;
-    uint8_t *start = large_start(h);
-    uint32_t colour = large_colour_of(h);
-    /* (The move keeps the mapping's own huge-page setting. The new mapping
-     * is marked for a header at h's colour: the pages bring it along.) */
-    struct large_hdr *dst =
-        large_map(need, large_map_align(off > LARGE_HDR_SIZE ? off : 0), false, colour);
-    if (dst == NULL) return NULL;
-    uint8_t *to = large_start(dst);
-    rmap_clear_span(start, old);
-    if (!os_move(start, old, need, to)) {
-        large_mark(start, old, colour);
-        large_release(to, need);
-        return NULL;
-    }
-    large_set_map_size(dst, need, false, false); /* the pages it had came along */
-    dst->req = n;
-    dst->map = large_map_id(); /* the header came along: a kernel mapping of its own now */
-    large_add(LC_MOVED, 1);
-    large_live_add((int64_t)need - (int64_t)old);
-    return dst;
-}
-
-/* Grow h's room to `pages` over the cached mapping right after it, if
- * there is one big enough (what a split left of h's own mapping, typically:
- * no syscall, no fault for the pages it kept); what h does not need of it
- * stays cached, from the next region boundary on, with the guard page. */
-static bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
-    size_t old = h->map_size;
-    /* (At least the room wanted, whether the rest has the guard page or
-     * not.) */
-    struct large_entry got =
-        large_cache_claim(large_start(h) + old, pages - old + LARGE_GUARD, h->map, h->thp);
-    if (got.size == 0) return false;
-    size_t size = old + got.size, keep = hak_align_up(pages, HAK_REGION_SIZE);
-    bool guarded = got.guarded;
-    if (size > keep && size - keep >= HAK_REGION_SIZE) {
-        got.at = large_start(h);
-        got.colour = (uint16_t)large_colour_of(h);
-        got.size = size;
-        large_cache_add_rest(got, keep);
-        size = keep;
-        guarded = false;
-    }
-    /* Its regions pointed to its own header: now to h's. Cannot fail (the
-     * leaves exist). */
-    large_mark(large_start(h), size, large_colour_of(h));
-    large_set_map_size(h, size, guarded, !got.decommitted);
-    large_add(LC_INPLACE, 1);
-    large_live_add((int64_t)size - (int64_t)old);
-    return true;
-}
-
-/* large_resize's change of h's mapping to `need` bytes for a request of n,
- * h's guard page taken away: the block's header where it is now (h itself,
- * or a fresh mapping its pages moved to), its mapping's end now the end of
- * a kernel mapping; NULL when it cannot grow (h as it was). */
-static struct large_hdr *large_remap(struct large_hdr *h, size_t n, size_t need) {
-    size_t old = h->map_size;
-    uint8_t *start = large_start(h);
-    uint32_t colour = large_colour_of(h);
-    /* Region-map entries of a range are always cleared before the range is
-     * given up, so another thread mapping it next never has its fresh
-     * entries erased. Re-marking after a failure cannot fail: the leaves
-     * exist already. */
-    if (need < old) {
-        size_t keep = hak_align_up(need, HAK_REGION_SIZE);
-        if (keep < old) rmap_clear_span(start + keep, old - keep);
-        if (!os_resize(start, old, need)) {
-            large_mark(start, old, colour);
-            h->req = n;
-            return h; /* keep the bigger mapping */
-        }
-    } else if (os_resize(start, old, need)) {
-        if (!large_mark(start, need, colour)) {
-            os_resize(start, need, old); /* cannot register the growth: undo it */
-            return NULL;
-        }
-    } else {
-        return large_move(h, need, n);
-    }
-    large_set_map_size(h, need, false, false);
-    h->req = n;
-    large_add(LC_INPLACE, 1);
-    large_live_add((int64_t)need - (int64_t)old);
-    return h;
-}
-
-/* large_realloc of h to n bytes (`pages` from its start), but for growth
- * within the pages it has. */
-__attribute__((noinline)) static void *large_resize(struct large_hdr *h, size_t n, size_t pages) {
-    size_t room = large_room(h);
-    /* Fits: trimmed only when asked for less than before, by half or more
-     * (a block growing into its room stays as it is). */
-    if (pages <= room && (n >= h->req || pages >= room / 2)) {
-        /* (Past the pages it has: a growing block's, since any other's are
-         * all its room.) */
-        if (pages > h->ready) large_populate(h, n, pages);
-        h->req = n;
-        return large_user(h);
-    }
-    /* (h->req changes only with success: it is the usable size the caller
-     * copies by when this fails.) */
-    if (n <= HAK_SMALL_MAX) return NULL; /* a small block now: copied into its class */
-    if (pages > room && !h->guarded && large_grow_into_cached(h, pages)) {
-        if (pages > h->ready) large_populate(h, n, pages); /* a growing block grown */
-        h->req = n;
-        return large_user(h); /* the rest of its own mapping, split off earlier and cached */
-    }
-    /* The mapping's end moves: its guard page goes first (mremap refuses a
-     * range that mprotect split), and comes at the new end. */
-    size_t had = h->map_size;
-    if (!large_drop_guard(large_start(h), &h->map_size, &h->guarded, large_colour_of(h)))
-        return NULL;
-    large_live_add((int64_t)h->map_size - (int64_t)had);
-    int saved = errno; /* a failed in-place attempt must not show in errno */
-    struct large_hdr *to = large_remap(h, n, pages + LARGE_GUARD);
-    errno = saved;
-    /* Refused, h is left without a guard page: one now would take the last
-     * page of its room, which its bytes may fill (the caller copies them
-     * to a new block and frees it). */
-    if (to == NULL) return NULL;
-    large_guard(to);
-    if (pages > to->ready) large_populate(to, n, pages); /* a growing block grown */
-    return large_user(to);
-}
-
-/* large_realloc of block p, header h, to n bytes (`pages` from its start). */
-HAK_INLINE void *large_realloc_to(struct large_hdr *h, void *p, size_t n, size_t pages) {
-    /* The common case of a growing buffer: it fits in the pages it has; no
-     * call, no lock. (p, not large_user: a pointer the caller writes through
-     * next had better not wait for a load.) */
-    if (hak_likely(pages <= h->ready && n >= h->req)) {
-        h->req = n;
-        return p;
-    }
-    return large_resize(h, n, pages);
-}
-
-/* large_realloc_to with the heap profiler on: the block's sample, or its
- * chance of one, follows it (large_follow). */
-static __attribute__((noinline)) void *large_realloc_profiled_slow(struct large_hdr *h, void *p,
-                                                                   size_t n, size_t pages) {
-    if (hak_unlikely(h->sample == LS_SMALL) &&
-        !small_class_keeps(small_class_of(prof_drawn(h->prof.rec)), n)) {
-        /* A small block the profiler moved here, which its class would not
-         * keep: a new allocation to the profiler, as a move to another
-         * class is. A small one goes where any block of its size would
-         * (the caller's move: sampled or not, there), not on as a Large
-         * block growing a page at a time; a Large one is drawn anew. (Kept
-         * on when its class would keep it: moved, a sample would get a
-         * second chance its class's blocks do not.) */
-        large_unsample(h);
-        large_sampled_out(1);
-        h->prof.drawn = 0;
-        if (n <= HAK_SMALL_MAX) return NULL;
-    }
-    size_t off = h->offset;
-    void *q = large_realloc_to(h, p, n, pages);
-    /* (Its header came along if its pages moved.) */
-    return q != NULL ? large_follow((struct large_hdr *)((uint8_t *)q - off), q, n) : NULL;
-}
-
-/* The same, its common case inlined: a buffer growing within its pages. */
-static __attribute__((noinline)) void *large_realloc_profiled(struct large_hdr *h, void *p,
-                                                              size_t n, size_t pages) {
-    if (hak_likely(h->sample != LS_SMALL && pages <= h->ready && n >= h->req)) {
-        h->req = n;
-        return large_follow(h, p, n);
-    }
-    return large_realloc_profiled_slow(h, p, n, pages);
-}
-
-void *large_realloc(void *p, uint32_t entry, size_t n) {
-    struct large_hdr *h = large_header(p, entry, "realloc");
-    size_t lead = large_lead(h);
-    /* (Beyond it, the caller's malloc fails.) */
-    if (n > LARGE_MAP_MAX - lead - 2 * HAK_REGION_SIZE) return NULL;
-    size_t pages = hak_align_up(lead + n, HAK_PAGE_SIZE);
-    if (hak_unlikely(prof_on)) return large_realloc_profiled(h, p, n, pages);
-    return large_realloc_to(h, p, n, pages);
 }
 
 uint64_t large_age_next(void) {
@@ -1926,6 +1154,12 @@ void large_fork_child(void) {
         atomic_store_explicit(&t->stop, 0, memory_order_relaxed);
         large_tc_give_back(t);
     }
+}
+
+/* A published counter, never below 0 (see large_count). */
+static uint64_t large_counted(int c) {
+    int64_t v = atomic_load_explicit(&large_count[c], memory_order_relaxed);
+    return v > 0 ? (uint64_t)v : 0;
 }
 
 void large_get_stats(struct large_stats *s) {
