@@ -8,7 +8,7 @@
 #include "box/prof.h"
 #include "box/thread.h"
 #include "box/usage.h"
-#include "check.h"
+#include "check/check.h"
 #include "front/report.h"
 #include "front/background.h"
 #include "large.h"
