@@ -1,4 +1,4 @@
-/* Checked mode (HAKMEM_CHECK=1, core/check.h): every kind of heap bug is
+/* Checked mode (HAKMEM_CHECK=1, core/check/check.h): every kind of heap bug is
  * reported, with its offset, for blocks of every size range (slab slots from
  * a few bytes to 128 KiB, big blocks with mappings of their own), while
  * correct use of every call runs clean. The program re-runs itself with

@@ -7,7 +7,7 @@
 
 #include "box/diag.h"
 #include "box/rmap.h"
-#include "check.h"
+#include "check/check.h"
 #include "large/large.h"
 #include "pool.h"
 #include "l25.h"

@@ -5,7 +5,7 @@
 #include "box/lock.h"
 #include "box/prof.h"
 #include "box/thread.h"
-#include "check.h"
+#include "check/check.h"
 #include "front/report.h"
 #include "front/background.h"
 #include "front/tiers.h"

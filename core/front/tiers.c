@@ -4,7 +4,7 @@
 #include "box/os.h"
 #include "box/prof.h"
 #include "box/usage.h"
-#include "check.h"
+#include "check/check.h"
 #include "front/background.h"
 #include "l25.h"
 #include "large/large.h"
