@@ -8,6 +8,7 @@
 
 #include "box/config.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,7 +188,42 @@ static void test_settings_read_after_preinit_malloc(void **state) {
     assert_int_equal(mb, 7);
 }
 
+/* A program whose first calls are Large ones, made before hakmem's
+ * constructor (a library's constructor): the settings are read at the
+ * first, and the blocks after it are the setting's (here checked mode's,
+ * which gives a block exactly the size asked). Before the fix, only a small
+ * malloc or the constructor read them: the Large tier served the second
+ * block unchecked. */
+static void *early_block;
+__attribute__((constructor(101))) static void large_first(int argc, char **argv, char **envp) {
+    (void)envp;
+    if (argc > 1 && strcmp(argv[1], "--large-first") == 0) {
+        free(malloc((size_t)4 << 20));
+        early_block = malloc(((size_t)4 << 20) + 1);
+    }
+}
+
+static void test_large_first_calls_read_settings(void **state) {
+    (void)state;
+    char cmd[4200], self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = '\0';
+    snprintf(cmd, sizeof cmd, "HAKMEM_CHECK=1 '%s' --large-first", self);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    unsigned long size = 0;
+    assert_int_equal(fscanf(f, "%lu", &size), 1);
+    assert_int_equal(pclose(f), 0);
+    assert_int_equal(size, ((unsigned long)4 << 20) + 1);
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--large-first") == 0) {
+        printf("%zu\n", malloc_usable_size(early_block));
+        free(early_block);
+        return 0;
+    }
     if (argc > 1 && strcmp(argv[1], "--print-bigcache") == 0) {
         free(malloc(100));
         printf("%zu\n", hak_cfg.bigcache_bytes >> 20);
@@ -199,6 +235,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_setup(test_stats_json_and_file, defaults),
         cmocka_unit_test_setup(test_pool_arena_sizes, defaults),
         cmocka_unit_test(test_settings_read_after_preinit_malloc),
+        cmocka_unit_test(test_large_first_calls_read_settings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

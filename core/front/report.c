@@ -37,19 +37,19 @@ static void report_gather(struct report *p) {
 }
 
 void report_text(int fd) {
-    struct report p;
+    struct report p = {0}; /* (zeroed: what the tiers do not fill) */
     report_gather(&p);
     stats_text(fd, &p.r);
 }
 
 size_t report_json(char *buf, size_t len) {
-    struct report p;
+    struct report p = {0}; /* (zeroed: what the tiers do not fill) */
     report_gather(&p);
     return stats_json(&p.r, buf, len);
 }
 
 void report_exit(void) {
-    struct report p;
+    struct report p = {0}; /* (zeroed: what the tiers do not fill) */
     report_gather(&p);
     int fd = stats_open(hak_cfg.stats_file);
     if (hak_cfg.stats == HAK_STATS_JSON)
