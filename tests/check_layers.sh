@@ -14,7 +14,8 @@
 # layers; then, as `--self-test` alone does, checks that the check fails on an upward include
 # added on purpose (a copy of core/ with tcache.c including the front).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+cd "$(dirname "$self")/.."
 
 if [ "${1:-}" = "--self-test" ]; then
     tmp=$(mktemp -d "${TMPDIR:-/tmp}/hakmem-layers.XXXXXX")
@@ -26,15 +27,26 @@ if [ "${1:-}" = "--self-test" ]; then
         echo "FAIL check_layers --self-test: core/tcache.c not found"
         exit 1
     }
-    printf '#include "front/front.h"\n' >>"$tmp/core/tcache.c"
-    if out=$(LAYERS_INNER=1 bash "$tmp/tests/check_layers.sh" 2>&1); then
-        echo "FAIL check_layers --self-test: an upward include passed"
-        exit 1
-    fi
-    grep -q 'core/tcache.c:.*front/front.h' <<<"$out" || {
-        echo "FAIL check_layers --self-test: the upward include was not named: $out"
-        exit 1
-    }
+    # Each of these, added alone, must fail the check and be named.
+    cases=('core/tcache.c|#include "front/front.h"'
+        'core/tcache.c|#include <front/front.h>'
+        'core/tcache.c|#include "box/../front/front.h"'
+        'core/pool.c|#include "tiny.h"'
+        'core/box/os.c|#  include   "superslab/ss.h" // a comment')
+    for c in "${cases[@]}"; do
+        file=${c%%|*} line=${c#*|}
+        cp "core/${file#core/}" "$tmp/$file"
+        printf '%s\n' "$line" >>"$tmp/$file"
+        if out=$(LAYERS_INNER=1 bash "$tmp/tests/check_layers.sh" 2>&1); then
+            echo "FAIL check_layers --self-test: passed with '$line' in $file"
+            exit 1
+        fi
+        grep -q "$file:" <<<"$out" || {
+            echo "FAIL check_layers --self-test: '$line' in $file not named: $out"
+            exit 1
+        }
+        cp "core/${file#core/}" "$tmp/$file"
+    done
     echo "PASS check_layers --self-test"
     exit 0
 fi
@@ -71,9 +83,17 @@ while IFS= read -r file; do
         continue
     fi
     while IFS=: read -r line inc; do
-        inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/' <<<"$inc")
+        quoted=false
+        grep -qE '^[[:space:]]*#[[:space:]]*include(_next)?[[:space:]]*"' <<<"$inc" && quoted=true
+        inc=$(sed -E 's/^[[:space:]]*#[[:space:]]*include(_next)?[[:space:]]*["<]([^">]+)[">].*/\2/' <<<"$inc")
+        # A system header (<stdio.h>) is no layer's; one of core/ or
+        # include/ under angle brackets is found by -Icore just the same.
+        if ! $quoted && [ ! -e "core/$inc" ] && [ ! -e "include/$inc" ]; then continue; fi
         read -r il im <<<"$(layer_of "$inc")"
-        if [ "$il" = "?" ]; then
+        if [[ "$inc" == *..* ]]; then
+            echo "FAIL check_layers: $file:$line includes \"$inc\": a path with .. hides its layer"
+            fails=$((fails + 1))
+        elif [ "$il" = "?" ]; then
             echo "FAIL check_layers: $file:$line includes \"$inc\", in no layer"
             fails=$((fails + 1))
         elif [ "$il" -gt "$fl" ]; then
@@ -83,7 +103,7 @@ while IFS= read -r file; do
             echo "FAIL check_layers: $file:$line (tier $fm) includes \"$inc\" (tier $im): tiers do not call each other"
             fails=$((fails + 1))
         fi
-    done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file" || true)
+    done < <(grep -nE '^[[:space:]]*#[[:space:]]*include(_next)?[[:space:]]*["<]' "$file" || true)
 done < <(find core -type f \( -name '*.c' -o -name '*.h' \) | sort)
 
 if [ "$fails" -ne 0 ]; then
@@ -92,4 +112,4 @@ fi
 echo "PASS check_layers"
 # And the check itself is shown to catch a call up (not from the self-test's
 # own run).
-[ -n "${LAYERS_INNER:-}" ] || exec bash "$0" --self-test
+[ -n "${LAYERS_INNER:-}" ] || exec bash "$self" --self-test

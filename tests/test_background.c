@@ -28,12 +28,14 @@
 #include "proc.h"
 #include "rng.h"
 #include "death.h"
+#include "box/bell.h"
 #include "front/background.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,6 +359,61 @@ static int fork_main(void) {
     return WEXITSTATUS(st);
 }
 
+/* A fork while the ageing thread sleeps armed (nothing cached that ages)
+ * and another thread holds a Large block in its own cache (which does not
+ * ring): in the child, the other thread's cache goes to the BigCache, which
+ * rings the bell. Before the fix the bell's lock, taken at fork, was still
+ * held there (it was released only in the child's last step): the child
+ * hung. */
+enum { FC_OK, FC_NOT_ARMED, FC_CHILD };
+static _Atomic int fc_step;
+
+static void *fc_thread(void *unused) {
+    (void)unused;
+    free(malloc(64)); /* armed: its frees are cached */
+    atomic_store(&fc_step, 1);
+    while (atomic_load(&fc_step) < 2)
+        sleep_ms(1);
+    free(malloc(4 * MiB)); /* into this thread's own Large cache */
+    atomic_store(&fc_step, 3);
+    while (atomic_load(&fc_step) < 4)
+        sleep_ms(1);
+    return NULL;
+}
+
+static int fork_cached_main(void) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, fc_thread, NULL) != 0) return FC_CHILD;
+    while (atomic_load(&fc_step) < 1)
+        sleep_ms(1);
+    int64_t t0 = now_ms(), limit = hak_test_limit_ms(10000);
+    while (!atomic_load(&bell_armed) && now_ms() - t0 < limit)
+        sleep_ms(1);
+    atomic_store(&fc_step, 2);
+    while (atomic_load(&fc_step) < 3)
+        sleep_ms(1);
+    int code = atomic_load(&bell_armed) ? FC_OK : FC_NOT_ARMED;
+    pid_t pid = fork();
+    if (pid == 0) {
+        free(malloc(100));
+        _exit(FC_OK);
+    }
+    /* (A hung child is killed here, not left behind when this is.) */
+    int st = 0;
+    pid_t got = 0;
+    for (int64_t t1 = now_ms(); pid > 0 && (got = waitpid(pid, &st, WNOHANG)) == 0 &&
+                                now_ms() - t1 < hak_test_limit_ms(10000);)
+        sleep_ms(5);
+    if (pid > 0 && got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    if (pid < 0 || got != pid || !WIFEXITED(st) || WEXITSTATUS(st) != FC_OK) code = FC_CHILD;
+    atomic_store(&fc_step, 4);
+    pthread_join(t, NULL);
+    return code;
+}
+
 /* exit() while the thread is in the middle of a pass (or, if none was seen
  * within 3 s, scaled: tests/timing.h, whenever): from main, or from another
  * thread while main is still allocating. The destructor must wake and join it, at once. Passes
@@ -539,6 +596,13 @@ static void test_fork_child_has_its_own(void **state) {
     assert_int_equal(WEXITSTATUS(d.status), FORK_OK);
 }
 
+static void test_fork_with_thread_cached_large(void **state) {
+    (void)state;
+    struct death d;
+    run_mode("--fork-cached", "1", &d);
+    assert_int_equal(WEXITSTATUS(d.status), FC_OK);
+}
+
 /* exit() while the thread is mid-pass: no crash, no hang, nothing said but
  * the child's own lines, the thread gone when hakmem's destructor returned,
  * which did not wait out its bound of a second. */
@@ -572,6 +636,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "--burst") == 0) return burst_main();
     if (argc == 2 && strcmp(argv[1], "--threads") == 0) return threads_main();
     if (argc == 2 && strcmp(argv[1], "--fork") == 0) return fork_main();
+    if (argc == 2 && strcmp(argv[1], "--fork-cached") == 0) return fork_cached_main();
     if (argc == 2 && strcmp(argv[1], "--exit-main") == 0) return exit_main(false);
     if (argc == 2 && strcmp(argv[1], "--exit-thread") == 0) return exit_main(true);
     const struct CMUnitTest tests[] = {
@@ -580,6 +645,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rss_falls_with_background),
         cmocka_unit_test(test_rss_stays_without_background),
         cmocka_unit_test(test_fork_child_has_its_own),
+        cmocka_unit_test(test_fork_with_thread_cached_large),
         cmocka_unit_test(test_exit_is_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

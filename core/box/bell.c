@@ -65,15 +65,19 @@ void bell_fork_prepare(void) {
     pthread_mutex_lock(&bell_lock);
 }
 
-void bell_fork_parent(void) {
+void bell_fork_release(bool child) {
+    if (child) {
+        /* The parent's thread, gone here, may have been among the waiters;
+         * nothing sleeps on the bell until the child's thread starts. */
+        bell_init();
+        atomic_store_explicit(&bell_armed, false, memory_order_relaxed);
+    }
     pthread_mutex_unlock(&bell_lock);
 }
 
-bool bell_fork_child(void) {
-    /* The parent's thread, gone here, may have been among the waiters. */
-    bell_init();
-    atomic_store_explicit(&bell_armed, false, memory_order_relaxed);
-    bool go = !bell_stopped;
-    pthread_mutex_unlock(&bell_lock);
-    return go;
+bool bell_live(void) {
+    hak_lock(&bell_lock);
+    bool live = !bell_stopped;
+    hak_unlock(&bell_lock);
+    return live;
 }

@@ -41,11 +41,14 @@ bool bell_sleep(uint64_t until_ms, bool armed);
 void bell_stop(void);
 
 /* fork: the bell's lock is taken before (after every allocator lock: a tier
- * may ring holding its own) and released after; the child's condition
- * variable starts afresh (the parent's thread may have been waiting on it). */
+ * may ring holding its own) and released after, in the child with the bell
+ * disarmed and its condition variable afresh (the parent's thread may have
+ * been waiting on it). Released with the allocator locks, before the
+ * child's other steps, which may ring it (a Large cache of a thread the
+ * child does not have, given to the BigCache). */
 void bell_fork_prepare(void);
-void bell_fork_parent(void);
-/* false when bell_stop was called before the fork (exit had begun). */
-bool bell_fork_child(void);
+void bell_fork_release(bool child);
+/* false once bell_stop was called (exit had begun). */
+bool bell_live(void);
 
 #endif

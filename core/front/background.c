@@ -117,7 +117,7 @@ static void bg_fork_prepare(void) {
 }
 
 static void bg_fork_release(bool child) {
-    if (!child) bell_fork_parent(); /* (the child's goes in bg_fork_child) */
+    bell_fork_release(child);
 }
 
 static void bg_fork_child(void) {
@@ -127,7 +127,7 @@ static void bg_fork_child(void) {
      * run, hakmem has released its own, and the allocation inside
      * pthread_create comes back to hakmem with no lock held; a malloc, by
      * contrast, may be called from inside libc holding locks of its own. */
-    bool go = bell_fork_child();
+    bool go = bell_live();
     if (atomic_load_explicit(&bg_running, memory_order_relaxed) && !(go && bg_create()))
         atomic_store_explicit(&bg_running, false, memory_order_relaxed);
 }
