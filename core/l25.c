@@ -1549,7 +1549,8 @@ void l25_fork_child(void) {
     l25_parked_out = 0; /* (and the parked heaps their passes had out) */
 }
 
-void l25_fork_release(void) {
+void l25_fork_release(bool child) {
+    (void)child; /* the same in parent and child */
     pthread_mutex_unlock(&l25_desc_lock);
     pthread_mutex_unlock(&l25_heap_lock);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
@@ -1611,11 +1612,6 @@ static void l25_collect(enum tier_collect kind, struct tier_done *done) {
     }
 }
 
-static void l25_tier_fork_release(bool child) {
-    (void)child;
-    l25_fork_release();
-}
-
 static void l25_tier_stats(struct tier_stats *s) {
     struct l25_stats st;
     l25_get_stats(&st);
@@ -1634,6 +1630,6 @@ static void l25_tier_stats(struct tier_stats *s) {
 const struct tier_ops l25_tier = {.name = "l25",
                                   .collect = l25_collect,
                                   .fork_prepare = l25_fork_prepare,
-                                  .fork_release = l25_tier_fork_release,
+                                  .fork_release = l25_fork_release,
                                   .fork_child = l25_fork_child,
                                   .stats = l25_tier_stats};

@@ -234,7 +234,7 @@ uint64_t l25_age_next(void);
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */
 void l25_fork_prepare(void);
-void l25_fork_release(void);
+void l25_fork_release(bool child);
 /* In a fork child, after l25_fork_release: what other threads had in hand. */
 void l25_fork_child(void);
 

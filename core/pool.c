@@ -448,7 +448,8 @@ bool pool_trim(void) {
 void pool_fork_prepare(void) {
     pthread_mutex_lock(&pool_lock);
 }
-void pool_fork_release(void) {
+void pool_fork_release(bool child) {
+    (void)child; /* the same in parent and child */
     pthread_mutex_unlock(&pool_lock);
 }
 
@@ -485,11 +486,6 @@ static void pool_collect(enum tier_collect kind, struct tier_done *done) {
     }
 }
 
-static void pool_tier_fork_release(bool child) {
-    (void)child;
-    pool_fork_release();
-}
-
 static void pool_tier_stats(struct tier_stats *s) {
     struct pool_stats o;
     pool_get_stats(&o);
@@ -506,5 +502,5 @@ static void pool_tier_stats(struct tier_stats *s) {
 const struct tier_ops pool_tier = {.name = "pool",
                                    .collect = pool_collect,
                                    .fork_prepare = pool_fork_prepare,
-                                   .fork_release = pool_tier_fork_release,
+                                   .fork_release = pool_fork_release,
                                    .stats = pool_tier_stats};

@@ -143,7 +143,7 @@ uint64_t pool_age_parked(void);
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */
 void pool_fork_prepare(void);
-void pool_fork_release(void);
+void pool_fork_release(bool child);
 
 struct pool_stats {
     uint64_t chunks_mapped, chunks_unmapped, chunks_live, bytes_live, carved_bytes;

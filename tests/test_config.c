@@ -173,19 +173,25 @@ static void allocate_early(int argc, char **argv, char **envp) {
 __attribute__((section(".preinit_array"),
                used)) static void (*const early)(int, char **, char **) = allocate_early;
 
-static void test_settings_read_after_preinit_malloc(void **state) {
-    (void)state;
+/* The number this test binary prints when run again with `arg`, under the
+ * environment setting `env`. */
+static unsigned long run_self(const char *env, const char *arg) {
     char cmd[4200], self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     assert_true(n > 0);
     self[n] = '\0';
-    snprintf(cmd, sizeof cmd, "HAKMEM_BIGCACHE_MB=7 '%s' --print-bigcache", self);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s", env, self, arg);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
-    unsigned long mb = 0;
-    assert_int_equal(fscanf(f, "%lu", &mb), 1);
+    unsigned long v = 0;
+    assert_int_equal(fscanf(f, "%lu", &v), 1);
     assert_int_equal(pclose(f), 0);
-    assert_int_equal(mb, 7);
+    return v;
+}
+
+static void test_settings_read_after_preinit_malloc(void **state) {
+    (void)state;
+    assert_int_equal(run_self("HAKMEM_BIGCACHE_MB=7", "--print-bigcache"), 7);
 }
 
 /* A program whose first calls are Large ones, made before hakmem's
@@ -205,17 +211,7 @@ __attribute__((constructor(101))) static void large_first(int argc, char **argv,
 
 static void test_large_first_calls_read_settings(void **state) {
     (void)state;
-    char cmd[4200], self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    assert_true(n > 0);
-    self[n] = '\0';
-    snprintf(cmd, sizeof cmd, "HAKMEM_CHECK=1 '%s' --large-first", self);
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    unsigned long size = 0;
-    assert_int_equal(fscanf(f, "%lu", &size), 1);
-    assert_int_equal(pclose(f), 0);
-    assert_int_equal(size, ((unsigned long)4 << 20) + 1);
+    assert_int_equal(run_self("HAKMEM_CHECK=1", "--large-first"), ((unsigned long)4 << 20) + 1);
 }
 
 int main(int argc, char **argv) {

@@ -97,7 +97,7 @@ static void dump_beside_a_held_lock(void *arg) {
         _exit(1);
     }
     prof_exit(); /* the same wait, then a line */
-    prof_fork_release();
+    prof_fork_release(false);
     CHILD_CHECK(prof_dump(path) == 0);
     CHILD_CHECK(file_size(path) > 0);
     free(p);

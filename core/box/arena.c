@@ -298,7 +298,8 @@ bool arena_trim(void) {
 void arena_fork_prepare(void) {
     pthread_mutex_lock(&arena_lock);
 }
-void arena_fork_release(void) {
+void arena_fork_release(bool child) {
+    (void)child; /* the same in parent and child */
     pthread_mutex_unlock(&arena_lock);
 }
 
@@ -317,11 +318,6 @@ static void arena_collect(enum tier_collect kind, struct tier_done *done) {
         tier_released(done, arena_trim()); /* after the tiers: what they gave back */
 }
 
-static void arena_tier_fork_release(bool child) {
-    (void)child;
-    arena_fork_release();
-}
-
 static void arena_tier_stats(struct tier_stats *s) {
     struct arena_stats a;
     arena_get_stats(&a);
@@ -333,5 +329,5 @@ static void arena_tier_stats(struct tier_stats *s) {
 const struct tier_ops arena_tier = {.name = "arena",
                                     .collect = arena_collect,
                                     .fork_prepare = arena_fork_prepare,
-                                    .fork_release = arena_tier_fork_release,
+                                    .fork_release = arena_fork_release,
                                     .stats = arena_tier_stats};

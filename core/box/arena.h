@@ -49,7 +49,7 @@ void arena_free(void *p, size_t size);
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */
 void arena_fork_prepare(void);
-void arena_fork_release(void);
+void arena_fork_release(bool child);
 
 struct arena_stats {
     uint64_t reserved;   /* bytes of address space reserved */

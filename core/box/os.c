@@ -303,9 +303,9 @@ bool os_barrier(void) {
     return os_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED);
 }
 
-void os_fork_child(void) {
+void os_fork_release(bool child) {
     /* mlockall's MCL_FUTURE is not inherited by a child (fork(2)). */
-    atomic_store_explicit(&os_lock_future, false, memory_order_relaxed);
+    if (child) atomic_store_explicit(&os_lock_future, false, memory_order_relaxed);
 }
 
 /* A reservation was just made at p (PROT_NONE): learn from it whether the
@@ -560,10 +560,6 @@ bool os_move(void *p, size_t old_size, size_t new_size, void *dst) {
 
 /* ---- the tier contract (box/tier.h) ----------------------------------------- */
 
-static void os_tier_fork_release(bool child) {
-    if (child) os_fork_child();
-}
-
 static void os_tier_stats(struct tier_stats *s) {
     tier_row(s, "os.mmap", os_calls(OS_MMAP));
     tier_row(s, "os.munmap", os_calls(OS_MUNMAP));
@@ -574,4 +570,4 @@ static void os_tier_stats(struct tier_stats *s) {
 }
 
 const struct tier_ops os_tier = {
-    .name = "os", .fork_release = os_tier_fork_release, .stats = os_tier_stats};
+    .name = "os", .fork_release = os_fork_release, .stats = os_tier_stats};

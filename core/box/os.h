@@ -127,8 +127,9 @@ uint32_t os_take_refusals(void);
 bool os_barrier_register(void);
 bool os_barrier(void);
 
-/* Fork child: what the parent learnt of mlockall does not hold there. */
-void os_fork_child(void);
+/* After a fork (the tier contract's release step): in the child, what the
+ * parent learnt of mlockall does not hold. */
+void os_fork_release(bool child);
 
 #ifdef HAK_FAULT_INJECT
 /* Test builds only (the release build has none of this): make OS calls fail
@@ -182,7 +183,7 @@ void os_fault_no_markers(bool on);
 #endif
 
 /* Its part of the tier contract (box/tier.h): the calls' counters, and
- * os_fork_child in a fork child. */
+ * os_fork_release in a fork child. */
 extern HAK_HIDDEN const struct tier_ops os_tier;
 
 #endif

@@ -558,14 +558,10 @@ void prof_fork_prepare(void) {
     hak_spin_lock(&prof_lock);
 }
 
-void prof_fork_release(void) {
+void prof_fork_release(bool child) {
+    (void)child; /* the same in parent and child */
     hak_spin_unlock(&prof_lock);
 }
 
-static void prof_tier_fork_release(bool child) {
-    (void)child;
-    prof_fork_release();
-}
-
 const struct tier_ops prof_tier = {
-    .name = "prof", .fork_prepare = prof_fork_prepare, .fork_release = prof_tier_fork_release};
+    .name = "prof", .fork_prepare = prof_fork_prepare, .fork_release = prof_fork_release};

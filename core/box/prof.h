@@ -95,7 +95,7 @@ int prof_dump(const char *path);
 void prof_exit(void);
 
 void prof_fork_prepare(void);
-void prof_fork_release(void);
+void prof_fork_release(bool child);
 
 /* Its part of the tier contract (box/tier.h): its lock at fork. */
 extern HAK_HIDDEN const struct tier_ops prof_tier;

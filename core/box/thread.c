@@ -18,8 +18,8 @@ static __thread bool thread_arming; /* pthread_setspecific may itself allocate *
  * return what such a thread caches. */
 static __thread bool thread_exited;
 
-/* The key's destructor. A thread that allocates again afterwards (another
- * destructor) re-arms, and glibc calls it once more. */
+/* The key's destructor. A thread that allocates afterwards (in another
+ * destructor) works uncached: thread_exited keeps it from arming again. */
 static void thread_exit(void *unused) {
     (void)unused;
     thread_armed = false;

@@ -62,7 +62,7 @@ void chk_thread_exit(void);
  * of threads that ended). */
 void chk_exit(void);
 void chk_fork_prepare(void);
-void chk_fork_release(void);
+void chk_fork_release(bool child);
 
 /* The tier contract (box/tier.h): chk_thread_exit, the locks at fork. */
 extern HAK_HIDDEN const struct tier_ops chk_tier;

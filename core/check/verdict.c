@@ -282,7 +282,8 @@ void chk_fork_prepare(void) {
         hak_lock(&chk_classes[c].lock);
 }
 
-void chk_fork_release(void) {
+void chk_fork_release(bool child) {
+    (void)child; /* the same in parent and child */
     for (uint32_t c = 0; c < SMALL_NCLASSES; c++)
         hak_unlock(&chk_classes[c].lock);
     hak_unlock(&chk_zero_lock);
@@ -297,12 +298,7 @@ static void chk_collect(enum tier_collect kind, struct tier_done *done) {
     if (kind == COLLECT_EXIT) chk_thread_exit();
 }
 
-static void chk_tier_fork_release(bool child) {
-    (void)child;
-    chk_fork_release();
-}
-
 const struct tier_ops chk_tier = {.name = "check",
                                   .collect = chk_collect,
                                   .fork_prepare = chk_fork_prepare,
-                                  .fork_release = chk_tier_fork_release};
+                                  .fork_release = chk_fork_release};

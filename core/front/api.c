@@ -45,7 +45,7 @@ static inline void *front_large(size_t n, size_t align, bool zero) {
     /* A program whose first calls are Large ones (before hakmem's
      * constructor: another library's) reads the settings here, as the small
      * tiers' first slow path does (life_thread_start). */
-    hak_init();
+    life_ensure();
     if (hak_unlikely(prof_on) && prof_bytes_due(n))
         return large_alloc_sampled(n, align, zero, n, false);
     return large_alloc(n, align, zero);

@@ -112,14 +112,6 @@ void bg_stop(void) {
         atomic_store_explicit(&bg_running, false, memory_order_relaxed);
 }
 
-static void bg_fork_prepare(void) {
-    bell_fork_prepare();
-}
-
-static void bg_fork_release(bool child) {
-    bell_fork_release(child);
-}
-
 static void bg_fork_child(void) {
     /* The parent's thread does not exist here: a new one, unless exit had
      * begun. Here rather than on the child's next allocation: glibc has
@@ -133,6 +125,6 @@ static void bg_fork_child(void) {
 }
 
 const struct tier_ops bg_tier = {.name = "background",
-                                 .fork_prepare = bg_fork_prepare,
-                                 .fork_release = bg_fork_release,
+                                 .fork_prepare = bell_fork_prepare,
+                                 .fork_release = bell_fork_release,
                                  .fork_child = bg_fork_child};

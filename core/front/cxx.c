@@ -123,10 +123,12 @@ static _Atomic int cxx_state;
     X(_ZnwmRKSt9nothrow_t)                                                                         \
     X(_ZnamRKSt9nothrow_t)                                                                         \
     X(_ZnwmSt11align_val_tRKSt9nothrow_t)                                                          \
-    X(_ZnamSt11align_val_tRKSt9nothrow_t) X(_ZdlPv) X(_ZdaPv) X(_ZdlPvRKSt9nothrow_t)              \
-        X(_ZdaPvRKSt9nothrow_t) X(_ZdlPvSt11align_val_t) X(_ZdaPvSt11align_val_t)                  \
-            X(_ZdlPvSt11align_val_tRKSt9nothrow_t) X(_ZdaPvSt11align_val_tRKSt9nothrow_t)          \
-                X(_ZdlPvm) X(_ZdaPvm) X(_ZdlPvmSt11align_val_t) X(_ZdaPvmSt11align_val_t)
+    X(_ZnamSt11align_val_tRKSt9nothrow_t)                                                          \
+    X(_ZdlPv)                                                                                      \
+    X(_ZdaPv) X(_ZdlPvRKSt9nothrow_t) X(_ZdaPvRKSt9nothrow_t) X(_ZdlPvSt11align_val_t)             \
+        X(_ZdaPvSt11align_val_t) X(_ZdlPvSt11align_val_tRKSt9nothrow_t)                            \
+            X(_ZdaPvSt11align_val_tRKSt9nothrow_t) X(_ZdlPvm) X(_ZdaPvm) X(_ZdlPvmSt11align_val_t) \
+                X(_ZdaPvmSt11align_val_t)
 
 static bool cxx_look(void);
 

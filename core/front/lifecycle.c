@@ -18,6 +18,7 @@
 
 enum { LIFE_NEW, LIFE_STARTING, LIFE_READY };
 static _Atomic int life_state = LIFE_NEW;
+_Atomic bool life_started;
 
 /* Fork: take every allocator lock so the child never inherits one held by a
  * thread that does not exist there. Handlers registered before ours run
@@ -51,6 +52,7 @@ static void life_begin(void) {
     pthread_atfork(life_fork_prepare, life_fork_parent, life_fork_child);
     thread_start(tiers_thread_armed, tiers_thread_exit); /* threads may arm from here on */
     atomic_store_explicit(&life_state, LIFE_READY, memory_order_release);
+    atomic_store_explicit(&life_started, true, memory_order_relaxed);
 }
 
 void hak_init(void) {
@@ -62,7 +64,7 @@ void hak_init(void) {
 }
 
 bool life_thread_start(void) {
-    hak_init(); /* the first slow path of the process reads the settings */
+    life_ensure(); /* the first slow path of the process reads the settings */
     return tc_thread_start();
 }
 

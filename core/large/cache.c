@@ -1129,7 +1129,8 @@ void large_fork_prepare(void) {
     for (uint32_t s = 0; s < LARGE_SHARDS; s++)
         pthread_mutex_lock(&large_caches[s].lock);
 }
-void large_fork_release(void) {
+void large_fork_release(bool child) {
+    (void)child; /* the same in parent and child */
     for (uint32_t s = LARGE_SHARDS; s-- > 0;)
         pthread_mutex_unlock(&large_caches[s].lock);
     hak_spin_unlock(&large_spares.lock);
@@ -1214,11 +1215,6 @@ static void large_collect(enum tier_collect kind, struct tier_done *done) {
     }
 }
 
-static void large_tier_fork_release(bool child) {
-    (void)child;
-    large_fork_release();
-}
-
 static void large_tier_stats(struct tier_stats *s) {
     struct large_stats l;
     large_get_stats(&l);
@@ -1241,6 +1237,6 @@ const struct tier_ops large_tier = {.name = "large",
                                     .collect = large_collect,
                                     .thread_armed = large_thread_start,
                                     .fork_prepare = large_fork_prepare,
-                                    .fork_release = large_tier_fork_release,
+                                    .fork_release = large_fork_release,
                                     .fork_child = large_fork_child,
                                     .stats = large_tier_stats};

@@ -67,7 +67,7 @@ uint64_t large_age_next(void);
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */
 void large_fork_prepare(void);
-void large_fork_release(void);
+void large_fork_release(bool child);
 /* The child, after large_fork_release: the other threads' caches emptied. */
 void large_fork_child(void);
 

@@ -648,7 +648,8 @@ void ss_fork_prepare(void) {
     pthread_mutex_lock(&ss_purge_lock);
     pthread_mutex_lock(&ss_lock);
 }
-void ss_fork_release(void) {
+void ss_fork_release(bool child) {
+    (void)child; /* the same in parent and child */
     pthread_mutex_unlock(&ss_lock);
     pthread_mutex_unlock(&ss_purge_lock);
 }
@@ -685,11 +686,6 @@ static void ss_collect(enum tier_collect kind, struct tier_done *done) {
     }
 }
 
-static void ss_tier_fork_release(bool child) {
-    (void)child;
-    ss_fork_release();
-}
-
 static void ss_tier_stats(struct tier_stats *s) {
     struct ss_stats t;
     ss_get_stats(&t);
@@ -711,5 +707,5 @@ static void ss_tier_stats(struct tier_stats *s) {
 const struct tier_ops ss_tier = {.name = "superslab",
                                  .collect = ss_collect,
                                  .fork_prepare = ss_fork_prepare,
-                                 .fork_release = ss_tier_fork_release,
+                                 .fork_release = ss_fork_release,
                                  .stats = ss_tier_stats};

@@ -197,7 +197,7 @@ uint64_t ss_age_next(void);
 /* fork: take every lock of the tier before, release them after (parent and
  * child alike: in the child the forking thread, their owner, is the only one). */
 void ss_fork_prepare(void);
-void ss_fork_release(void);
+void ss_fork_release(bool child);
 
 struct ss_stats {
     uint64_t stage1;         /* EMPTY slot of the same class */
