@@ -8,6 +8,7 @@
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/lfstack.h"
+#include "box/remote.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/tier.h"
@@ -127,7 +128,7 @@ static void l25_desc_put(struct l25_bundle *b, size_t span, bool unmapped) {
 
 /* Coloured (see l25.h): the tier's own classes, except for aligned requests. */
 static inline uint32_t l25_stride(uint32_t cls, uint32_t shard) {
-    return small_class_size[cls] + (cls >= SMALL_FIRST && shard != L25_ALIGNED ? 64 : 0);
+    return small_class_size[cls] + (cls >= L25_FIRST && shard != L25_ALIGNED ? 64 : 0);
 }
 
 /* Describe in b (descriptor idx) a bundle of class cls for `shard` over
@@ -591,7 +592,7 @@ static void l25_put(void *p) {
 
 /* ---- heaps: bundles owned by a thread --------------------------------------------- */
 
-#define L25_NCLASSES       (SMALL_NCLASSES - SMALL_FIRST)
+#define L25_NCLASSES       (SMALL_NCLASSES - L25_FIRST)
 #define L25_HEAP_EMPTY_MAX 8   /* empty bundles a heap keeps (any class) */
 #define L25_SPARE_MAX      256 /* empty bundles no heap keeps */
 
@@ -660,7 +661,7 @@ static bool l25_spare_put(struct l25_bundle *b) {
     }
     atomic_fetch_add_explicit(&l25_nspare, 1, memory_order_relaxed);
     uint64_t due = l25_spare_due(b);
-    lf_push(&l25_spare[b->cls - SMALL_FIRST], b, L25_SPARE_LINK);
+    lf_push(&l25_spare[b->cls - L25_FIRST], b, L25_SPARE_LINK);
     l25_spares_due_by(due);
     bell_ring(); /* (the background thread's next look may be later) */
     return true;
@@ -686,12 +687,12 @@ static struct l25_bundle *l25_spare_pop(struct lf_stack *s) {
  * touched pages are), else one of a class with the same span (a look at
  * each stack's top: no lock); NULL when none. */
 static struct l25_bundle *l25_spare_get(uint32_t cls) {
-    struct l25_bundle *b = l25_spare_pop(&l25_spare[cls - SMALL_FIRST]);
+    struct l25_bundle *b = l25_spare_pop(&l25_spare[cls - L25_FIRST]);
     if (b || atomic_load_explicit(&l25_nspare, memory_order_relaxed) == 0) return b;
     size_t span = l25_span(l25_stride(cls, 0));
-    for (uint32_t c = SMALL_FIRST; c < SMALL_NCLASSES && b == NULL; c++)
+    for (uint32_t c = L25_FIRST; c < SMALL_NCLASSES && b == NULL; c++)
         if (c != cls && l25_span(l25_stride(c, 0)) == span)
-            b = l25_spare_pop(&l25_spare[c - SMALL_FIRST]);
+            b = l25_spare_pop(&l25_spare[c - L25_FIRST]);
     return b;
 }
 
@@ -863,7 +864,7 @@ static void l25_heap_put(struct l25_heap *h, struct l25_bundle *b, void *p) {
     size_t i = l25_div(b, (size_t)((uint8_t *)p - b->base));
     b->avail[i >> 6] |= (uint64_t)1 << (i & 63);
     if (b->hint > i >> 6) b->hint = (uint32_t)(i >> 6);
-    uint32_t k = b->cls - SMALL_FIRST;
+    uint32_t k = b->cls - L25_FIRST;
     if (++b->navail == b->nblocks - b->first) {
         if (b->listed) l25_list_remove(&h->partial[k], b);
         b->listed = false;
@@ -896,8 +897,8 @@ static void l25_heap_put_chain(struct l25_heap *h, void *p, uint32_t n) {
  * exchange for all. */
 static void l25_drain(struct l25_heap *h) {
     l25_heap_active(h);
-    if (atomic_load_explicit(&h->remote, memory_order_relaxed) == NULL) return;
-    void *p = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire);
+    void *p = remote_take(&h->remote);
+    if (p == NULL) return;
     int64_t bytes = 0;
     uint64_t n = 0;
     while (p) {
@@ -960,14 +961,14 @@ static struct l25_bundle *l25_heap_reuse(struct l25_heap *h, uint32_t cls) {
 
 /* Whether this thread's cache holds any L2.5 block. */
 static bool l25_cached_any(void) {
-    for (uint32_t c = SMALL_FIRST; c < SMALL_NCLASSES; c++)
+    for (uint32_t c = L25_FIRST; c < SMALL_NCLASSES; c++)
         if (tc_count(c)) return true;
     return false;
 }
 
 /* Up to `want` blocks of cls from h into out[]; how many (0: out of memory). */
 static uint32_t l25_heap_take(struct l25_heap *h, uint32_t cls, void **out, uint32_t want) {
-    uint32_t k = cls - SMALL_FIRST;
+    uint32_t k = cls - L25_FIRST;
     struct l25_bundle *b = h->partial[k];
     if (b == NULL && (b = l25_heap_reuse(h, cls)) == NULL) {
         /* Before a new bundle is mapped, this thread's cached blocks of
@@ -1023,35 +1024,16 @@ void *l25_alloc_slow(uint32_t cls) {
     return blocks[0];
 }
 
-/* Move the first n blocks of this thread's cache of cls to their bundles. */
-static void l25_give_back(uint32_t cls, uint32_t n) {
-    void *last;
-    void *p = tc_take(cls, n, &last);
+/* The chain p of n blocks of cls, off this thread's cache, back to their
+ * bundles (tcache.h's give-back). */
+static void l25_give_back(uint32_t cls, void *p, uint32_t n) {
+    (void)cls;
     l25_heap_put_chain(hak_tc.l25, p, n);
 }
 
 void l25_free_slow(void *p, uint32_t cls) {
     tc_refund(cls);
-    if (!hak_tc.open) { /* (never with a heap: defensive) */
-        *(void **)p = NULL;
-        l25_heap_put_chain(hak_tc.l25, p, 1);
-        return;
-    }
-    /* Full: give half back. */
-    uint32_t half = tc_batch(cls);
-    l25_give_back(cls, half ? half : 1);
-    tc_push(cls, p);
-}
-
-/* Push the chain from first (linked through the first word of each block's
- * gap) to the block whose link is at last_link onto h's remote stack: one
- * compare-and-swap. */
-static void l25_remote_push(struct l25_heap *h, void *first, void **last_link) {
-    void *old = atomic_load_explicit(&h->remote, memory_order_relaxed);
-    do {
-        *last_link = old;
-    } while (!atomic_compare_exchange_weak_explicit(&h->remote, &old, first, memory_order_release,
-                                                    memory_order_relaxed));
+    tc_overflow(cls, p, l25_give_back);
 }
 
 /* The pages wholly inside block p of b (its ends share pages with its
@@ -1075,12 +1057,11 @@ void l25_free_other(void *p, struct l25_bundle *b) {
     struct l25_heap *h = b->owner;
     uint64_t now = hak_now_ms(), active = atomic_load_explicit(&h->active_ms, memory_order_relaxed);
     if (now > active && now - active >= hak_cfg.bigcache_age_ms) l25_block_decommit(b, p);
-    l25_remote_push(h, p, (void **)((uint8_t *)p + b->size));
+    remote_push(&h->remote, p, (void **)((uint8_t *)p + b->size));
 }
 
 void l25_thread_flush(void) {
-    for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++)
-        if (tc_count(cls)) l25_give_back(cls, tc_count(cls));
+    tc_flush_all(L25_FIRST, SMALL_NCLASSES, l25_give_back);
 }
 
 void l25_thread_exit(void) {
@@ -1244,8 +1225,8 @@ void l25_thread_age(void) {
  * the blocks pushed since), the blocks' pages decommitted, the stack put
  * back. The blocks stay out of their bundles until the owner takes them. */
 static bool l25_remote_decommit(struct l25_heap *h) {
-    if (atomic_load_explicit(&h->remote, memory_order_relaxed) == NULL) return false;
-    void *first = atomic_exchange_explicit(&h->remote, NULL, memory_order_acquire), *last = NULL;
+    void *first = remote_take(&h->remote), *last = NULL;
+    if (first == NULL) return false;
     uint64_t before = atomic_load_explicit(&l25_free_decommitted, memory_order_relaxed);
     for (void *p = first; p;) {
         struct l25_bundle *b = l25_bundle_of(rmap_get(p));
@@ -1255,7 +1236,7 @@ static bool l25_remote_decommit(struct l25_heap *h) {
     }
     if (last) {
         struct l25_bundle *lb = l25_bundle_of(rmap_get(last));
-        l25_remote_push(h, first, (void **)((uint8_t *)last + lb->size));
+        remote_push(&h->remote, first, (void **)((uint8_t *)last + lb->size));
     }
     return atomic_load_explicit(&l25_free_decommitted, memory_order_relaxed) != before;
 }

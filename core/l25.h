@@ -1,4 +1,4 @@
-/* L2.5 tier, 52 KiB .. 1 MiB (classes SMALL_FIRST ..): size-classed blocks
+/* L2.5 tier, 52 KiB .. 1 MiB (classes L25_FIRST ..): size-classed blocks
  * carved from bundles, with the thread cache (core/tcache.h, 8 blocks a
  * class) in front.
  *
@@ -161,11 +161,11 @@ HAK_INLINE void l25_set_live(void *p) {
     *l25_mark(b, l25_div(b, (size_t)((uint8_t *)p - b->base))) = L25_LIVE;
 }
 
-/* A block of class cls (>= SMALL_FIRST) aligned to the largest power of two
+/* A block of class cls (>= L25_FIRST) aligned to the largest power of two
  * dividing its size; NULL (errno ENOMEM) when out of memory. Uncached. */
 void *l25_alloc_aligned(uint32_t cls);
 
-/* A block of class cls (>= SMALL_FIRST); NULL (errno ENOMEM) when out of
+/* A block of class cls (>= L25_FIRST); NULL (errno ENOMEM) when out of
  * memory. */
 HAK_INLINE void *l25_alloc_fast(uint32_t cls) {
     void *p = tc_pop(cls);

@@ -17,7 +17,6 @@
 #include "box/rmap.h"
 #include "tcache.h"
 
-#define POOL_MAX      ((size_t)53248)
 #define POOL_NCLASSES (POOL_END - POOL_FIRST)
 #define POOL_HDR      16u
 

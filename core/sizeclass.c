@@ -12,7 +12,7 @@ const uint32_t small_class_size[SMALL_NCLASSES] = {
 };
 
 /* Per-thread cache capacity: about 32 KiB of blocks, 2..128; 8 for every
- * L2.5 class (SMALL_FIRST ..): a refill or flush there is a bundle's
+ * L2.5 class (L25_FIRST ..): a refill or flush there is a bundle's
  * bookkeeping, and batches of 4 keep it off the per-op path. */
 const uint16_t small_class_cap[SMALL_NCLASSES] = {
     128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 102, 85, 73, 64, 51, 42, 36, 32, 25,
@@ -44,7 +44,7 @@ const uint64_t small_class_magic[SMALL_NCLASSES] = {
 #define R32(c)  R16(c), R16(c)
 #define R64(c)  R32(c), R32(c)
 #define R128(c) R64(c), R64(c)
-const uint8_t small_class_lut[TINY_LUT_N] = {
+const uint8_t small_class_lut[SMALL_LUT_N] = {
     0,                                                                      /* 0 */
     R16(0),   R16(1),   R16(2),   R16(3),   R16(4), R16(5), R16(6), R16(7), /* 1..128 */
     R32(8),   R32(9),   R32(10),  R32(11),                                  /* 129..256 */

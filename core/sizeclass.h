@@ -1,8 +1,7 @@
 /* Size classes for 0 .. HAK_SMALL_MAX: 16-byte steps to 128 B, then four
  * classes per power of two, so a block wastes at most 25% above 64 B, plus a
- * 52 KiB class where the Pool tier ends. Each tier owns a run of classes:
- * the SuperSlab tiers (Tiny to 1 KiB, small-mid to 8 KiB) the first
- * TINY_NCLASSES, then the others. */
+ * 52 KiB class where the Pool tier ends. Which tier owns which classes:
+ * sizes.h. */
 #ifndef HAK_SIZECLASS_H
 #define HAK_SIZECLASS_H
 
@@ -10,21 +9,11 @@
 
 #include <stdbool.h>
 
-#define SMALL_NCLASSES 61
-/* Classes 0 .. TINY_NCLASSES-1 (sizes up to 8 KiB) live in SuperSlabs: the
- * Tiny tier proper (0 .. 19, up to 1 KiB) and small-mid (20 .. 31). */
-#define TINY_NCLASSES 32
-/* Classes POOL_FIRST .. POOL_END-1 (10 .. 52 KiB) are the Pool tier's; the
- * L2.5 tier has the rest (SMALL_FIRST ..). */
-#define POOL_FIRST  TINY_NCLASSES
-#define POOL_END    43u
-#define SMALL_FIRST POOL_END
-
 extern HAK_HIDDEN const uint32_t small_class_size[SMALL_NCLASSES];
 extern HAK_HIDDEN const uint16_t small_class_cap[SMALL_NCLASSES];
 extern HAK_HIDDEN const uint64_t small_class_magic[SMALL_NCLASSES];
-#define TINY_LUT_N 1025
-extern HAK_HIDDEN const uint8_t small_class_lut[TINY_LUT_N];
+#define SMALL_LUT_N 1025 /* the lookup table: sizes 0 .. 1 KiB */
+extern HAK_HIDDEN const uint8_t small_class_lut[SMALL_LUT_N];
 
 /* Class for a request of n bytes, n <= HAK_SMALL_MAX. */
 HAK_INLINE uint32_t small_class_of(size_t n) {

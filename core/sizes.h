@@ -13,8 +13,28 @@
 #define HAK_REGION_SHIFT 21
 #define HAK_REGION_SIZE  ((size_t)1 << HAK_REGION_SHIFT)
 
-/* Size-classed (small) tier: 0 .. HAK_SMALL_MAX bytes. */
-#define HAK_SMALL_MAX ((size_t)1 << 20)
+/* ---- Tier edges: every size has exactly one tier ------------------------
+ *
+ * Requests up to HAK_SMALL_MAX are size-classed (sizeclass.h maps a size to
+ * one of SMALL_NCLASSES classes); each size-classed tier owns a run of
+ * classes, and the bytes they serve end where its last class does:
+ *
+ *   tier   classes                       bytes              blocks live in
+ *   Tiny   0 .. TINY_NCLASSES-1          0 .. TINY_MAX      SuperSlab slabs
+ *   Pool   POOL_FIRST .. POOL_END-1      .. POOL_MAX        per-thread arena chunks
+ *   L2.5   L25_FIRST .. SMALL_NCLASSES-1 .. HAK_SMALL_MAX   bundles
+ *   Large  none                          above              a mapping each
+ *
+ * L2.5 also keeps bundles of every other class: for aligned requests, a
+ * thread that may not cache, and a tier out of memory (front/api.c). */
+#define SMALL_NCLASSES 61
+#define TINY_NCLASSES  32 /* 16 B .. 8 KiB */
+#define POOL_FIRST     TINY_NCLASSES
+#define POOL_END       43u /* 10 KiB .. 52 KiB */
+#define L25_FIRST      POOL_END
+#define TINY_MAX       ((size_t)8192)
+#define POOL_MAX       ((size_t)53248)
+#define HAK_SMALL_MAX  ((size_t)1 << 20)
 
 /* Every block is at least this aligned (max_align_t). */
 #define HAK_MIN_ALIGN ((size_t)16)

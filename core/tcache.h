@@ -209,6 +209,51 @@ static inline uint32_t tc_batch(uint32_t cls) {
     return hak_tc.cap[cls] / 2u;
 }
 
+/* ---- blocks back to their tier: the one flush protocol -------------------- */
+
+/* A tier's way back for cached blocks: the chain `first` of n blocks of cls
+ * (linked through word 0, already off the list) returned to the slabs,
+ * chunks or bundles they came from, or to their owners' remote lists. */
+typedef void tc_give_fn(uint32_t cls, void *first, uint32_t n);
+
+/* The first n (1 <= n <= count) blocks of cls given back. Off the list
+ * before `give` runs: what the tier's work may reach (a signal handler's
+ * malloc or free of this class) finds the list whole. */
+static inline void tc_flush(uint32_t cls, uint32_t n, tc_give_fn *give) {
+    void *last;
+    give(cls, tc_take(cls, n, &last), n);
+}
+
+/* Every block on the list of cls given back. */
+static inline void tc_flush_list(uint32_t cls, tc_give_fn *give) {
+    uint32_t n = tc_count(cls);
+    if (n) tc_flush(cls, n, give);
+}
+
+/* Every block of the classes first .. end-1 given back (a tier's thread
+ * exit and trim). */
+static inline void tc_flush_all(uint32_t first, uint32_t end, tc_give_fn *give) {
+    for (uint32_t cls = first; cls < end; cls++)
+        tc_flush_list(cls, give);
+}
+
+/* free's push of p failed (tc_push returned false) and the caller refunded
+ * the room: the list is full, so half of it goes back and p stays; with the
+ * caches closed, p goes back alone. (Tiny grows a list instead when the
+ * thread's batches need it, and then flushes as this does: tiny.c. Pool,
+ * whose misses take one block rather than a batch, gives p alone back:
+ * pool.c.) */
+static inline void tc_overflow(uint32_t cls, void *p, tc_give_fn *give) {
+    if (!hak_tc.open) {
+        *(void **)p = NULL;
+        give(cls, p, 1);
+        return;
+    }
+    uint32_t half = tc_batch(cls);
+    tc_flush(cls, half ? half : 1, give);
+    (void)tc_push(cls, p);
+}
+
 /* The capacity of cls set to cap (its room with it): the list holds no more
  * than cap blocks now. */
 static inline void tc_set_cap(uint32_t cls, uint32_t cap) {

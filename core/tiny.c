@@ -8,6 +8,7 @@
 #include "box/os.h"
 #include "box/tier.h"
 #include "box/lfstack.h"
+#include "box/remote.h"
 #include "box/usage.h"
 
 #include <errno.h>
@@ -126,17 +127,11 @@ static void tiny_list_unlink(struct tiny_heap *h, struct ss_slab *s) {
 /* ---- heaps ----------------------------------------------------------------- */
 
 static struct tiny_heap *tiny_heap_get(void) {
-    struct tiny_heap *h = lf_pop(&tiny_heaps, TINY_HEAP_LINK);
-    if (h == NULL) {
-        /* A new chunk of heaps (zeroed): one for us, the rest for the next
-         * threads. */
-        struct tiny_heap *c = arena_meta(TINY_HEAP_CHUNK);
-        if (c == NULL) return NULL;
-        lf_push_fresh(&tiny_heaps, c, TINY_HEAP_CHUNK / sizeof *c, sizeof *c, TINY_HEAP_LINK);
-        return c;
-    }
-    /* Cleared field by field: next_free may still be read by a popper that
-     * lost the race for this heap (box/lfstack.h). */
+    struct tiny_heap *h = lf_pop_or_fresh(&tiny_heaps, TINY_HEAP_LINK, sizeof *h, TINY_HEAP_CHUNK);
+    if (h == NULL) return NULL;
+    /* An exited thread's (a fresh one is zeroed already), cleared field by
+     * field: next_free may still be read by a popper that lost the race for
+     * this heap (box/lfstack.h). */
     atomic_store_explicit(&h->remote_pending, 0, memory_order_relaxed);
     memset(h->cur, 0, offsetof(struct tiny_heap, next_free) - offsetof(struct tiny_heap, cur));
     return h;
@@ -146,10 +141,8 @@ static struct tiny_heap *tiny_heap_get(void) {
 
 /* Move the slab's remote list onto its free list. Owner only. */
 static void tiny_drain(struct ss_slab *s) {
-    /* A plain load first: most refills find no remote block, and the
-     * exchange is a locked instruction. */
-    if (atomic_load_explicit(&s->remote, memory_order_relaxed) == NULL) return;
-    void *list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
+    void *list = remote_take(&s->remote);
+    if (list == NULL) return;
     /* A list longer than the blocks out can only come from a double free
      * by another thread (it may even loop): stop and say so. */
     uint32_t n = 1;
@@ -375,11 +368,7 @@ static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_
         exits = atomic_load_explicit(&h->exits, memory_order_seq_cst);
         orphan = atomic_load_explicit(&s->owner, memory_order_seq_cst) != h;
     }
-    void *old = atomic_load_explicit(&s->remote, memory_order_relaxed);
-    do {
-        *(void **)last = old;
-    } while (!atomic_compare_exchange_weak_explicit(&s->remote, &old, first, memory_order_seq_cst,
-                                                    memory_order_relaxed));
+    void *old = remote_push(&s->remote, first, (void **)last);
     /* First blocks back since the owner last looked: tell it, in case the
      * slab sits on its full list. (An owner that changed since the read
      * above is told nothing; the blocks wait for the slab's next drain.) */
@@ -403,20 +392,16 @@ static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_
     tiny_stat(cls, ST_REMOTE, k);
 }
 
-/* Return n blocks of cls from the thread cache to their slabs (h: this
- * thread's heap, NULL when it has none). The cache holds blocks mostly in
+/* Return the chain `b` of n blocks of cls, just off this thread's cache, to
+ * their slabs (tcache.h's give-back). The cache holds blocks mostly in
  * runs of one slab (a batch is allocated from one slab, and freed in order
  * or in reverse): each run, already linked, goes onto its slab in one
  * splice, its slab's counts and lists updated once (per block, one load and
  * one compare of the slot it lies in). A run of a slab another thread owns,
  * or none, goes onto its remote list, to be counted when drained. */
-static void tiny_give_back(struct tiny_heap *h, uint32_t cls, uint32_t n) {
-    /* Off the list first: what the slabs' work below may reach (a purge
-     * pass, its calls) can be a signal handler's free or malloc of this
-     * class, which must find the list whole. (The walk again below is over
-     * blocks just read.) */
+static void tiny_give_back(uint32_t cls, void *b, uint32_t n) {
+    struct tiny_heap *h = hak_tc.heap; /* (NULL: every block is another's, or none's) */
     void *last;
-    void *b = tc_take(cls, n, &last);
     uint32_t own = 0;
     tiny_flow.flushed[cls] += n;
     for (uint32_t i = 0; i < n;) {
@@ -483,7 +468,7 @@ static void tiny_fit_cap(struct tiny_heap *h, uint32_t cls) {
     uint32_t want = first / 4 > TINY_FOREIGN_CAP ? first / 4 : TINY_FOREIGN_CAP;
     if (want >= cap) return;
     uint32_t n = tc_count(cls);
-    if (n > want / 2) tiny_give_back(h, cls, n - want / 2);
+    if (n > want / 2) tc_flush(cls, n - want / 2, tiny_give_back);
     tc_set_cap(cls, want);
 }
 
@@ -510,8 +495,8 @@ void tiny_free_slow(void *p, struct ss_slab *s) {
         h->grew[cls] |= h->refilled[cls];
         h->refilled[cls] = false;
     }
-    if (!grew) {
-        tiny_give_back(h, cls, tc_batch(cls));
+    if (!grew) { /* (tc_overflow's flush, with the cap fitted before p goes in) */
+        tc_flush(cls, tc_batch(cls), tiny_give_back);
         tiny_fit_cap(h, cls);
     }
     tc_push(cls, p);
@@ -578,8 +563,7 @@ static void tiny_heap_exit(struct tiny_heap *h) {
 void tiny_thread_exit(void) {
     tiny_merge_counts();
     /* (A thread without a heap may cache other threads' blocks.) */
-    for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++)
-        if (tc_count(cls)) tiny_give_back(hak_tc.heap, cls, tc_count(cls));
+    tc_flush_all(0, TINY_NCLASSES, tiny_give_back);
     if (hak_tc.heap) tiny_heap_exit(hak_tc.heap);
     ss_flush_counts(); /* last: nothing above is left pending */
 }
@@ -612,7 +596,7 @@ void tiny_age(void) {
             h->grew[cls] = false;
             continue;
         }
-        if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
+        tc_flush_list(cls, tiny_give_back);
         tc_shrink(cls);
     }
 }
@@ -621,7 +605,7 @@ bool tiny_trim(void) {
     bool any = false;
     struct tiny_heap *h = hak_tc.heap;
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        if (tc_count(cls)) tiny_give_back(h, cls, tc_count(cls));
+        tc_flush_list(cls, tiny_give_back);
         if (h == NULL) continue; /* (other threads' blocks in its cache, at most) */
         tc_shrink(cls);          /* (and grows again if the thread's batches need it) */
         struct ss_slab *cur = h->cur[cls];

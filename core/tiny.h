@@ -1,6 +1,6 @@
-/* Tiny and small-mid tiers, 0 .. 8 KiB: blocks in SuperSlab slabs owned by
- * one thread
- * each, served through the thread cache (core/tcache.h).
+/* Tiny tier, classes 0 .. TINY_NCLASSES-1 (16 B .. 8 KiB, sizes.h): blocks
+ * in SuperSlab slabs owned by one thread each, served through the thread
+ * cache (core/tcache.h).
  *
  * free pushes the block on the thread cache, whichever thread's slab it is
  * of: the cache hands it out again as it would one of its own. When a full
@@ -16,7 +16,6 @@
 #include "superslab/ss.h"
 #include "tcache.h"
 
-#define TINY_MAX ((size_t)8192)
 /* Fewest blocks a refill carves when it carves (see tiny_take). */
 #define TINY_CARVE_MIN 4u
 

@@ -170,7 +170,7 @@ static void test_locked_bundle_recut_keeps_state(void **state) {
 
 static void test_bundle_geometry(void **state) {
     (void)state;
-    for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++) {
+    for (uint32_t cls = L25_FIRST; cls < SMALL_NCLASSES; cls++) {
         size_t size = small_class_size[cls];
         uint8_t *p = malloc(size);
         struct l25_bundle *b = bundle_of(p);
@@ -840,7 +840,7 @@ static void test_exited_heap_handed_on(void **state) {
 /* Each L2.5 class's cache holds 8 blocks: frees of 8 take no flush. */
 static void test_cache_holds_eight(void **state) {
     (void)state;
-    for (uint32_t cls = SMALL_FIRST; cls < SMALL_NCLASSES; cls++) {
+    for (uint32_t cls = L25_FIRST; cls < SMALL_NCLASSES; cls++) {
         void *b[8];
         size_t n = small_class_size[cls];
         for (int i = 0; i < 8; i++)

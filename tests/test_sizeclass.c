@@ -18,6 +18,21 @@ static void test_sizes_sorted_and_aligned(void **state) {
     }
 }
 
+/* sizes.h's byte edges are where its class runs end: a size's tier by
+ * bytes (the front's dispatch) and by class (the thread cache's) agree. */
+static void test_tier_edges_agree(void **state) {
+    (void)state;
+    assert_int_equal(small_class_size[TINY_NCLASSES - 1], TINY_MAX);
+    assert_int_equal(small_class_size[POOL_END - 1], POOL_MAX);
+    assert_int_equal(POOL_FIRST, TINY_NCLASSES);
+    assert_int_equal(L25_FIRST, POOL_END);
+    assert_int_equal(small_class_of(TINY_MAX), TINY_NCLASSES - 1);
+    assert_int_equal(small_class_of(TINY_MAX + 1), POOL_FIRST);
+    assert_int_equal(small_class_of(POOL_MAX), POOL_END - 1);
+    assert_int_equal(small_class_of(POOL_MAX + 1), L25_FIRST);
+    assert_int_equal(small_class_of(HAK_SMALL_MAX), SMALL_NCLASSES - 1);
+}
+
 static void test_class_of_is_smallest_fit(void **state) {
     (void)state;
     for (size_t n = 0; n <= HAK_SMALL_MAX; n++) {
@@ -56,7 +71,7 @@ static void test_cache_caps_in_range(void **state) {
     for (int c = 0; c < SMALL_NCLASSES; c++) {
         assert_in_range(small_class_cap[c], 2, 128);
         /* The L2.5 tier's classes: 8 blocks each. */
-        if (c >= (int)SMALL_FIRST) {
+        if (c >= (int)L25_FIRST) {
             assert_int_equal(small_class_cap[c], 8);
             continue;
         }
@@ -70,6 +85,7 @@ static void test_cache_caps_in_range(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes_sorted_and_aligned),
+        cmocka_unit_test(test_tier_edges_agree),
         cmocka_unit_test(test_class_of_is_smallest_fit),
         cmocka_unit_test(test_waste_at_most_25_percent_above_64),
         cmocka_unit_test(test_reciprocal_division_exact),

@@ -16,6 +16,8 @@
 #ifndef HAK_LFSTACK_H
 #define HAK_LFSTACK_H
 
+#include "box/arena.h"
+
 #include <assert.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -83,6 +85,20 @@ static inline void *lf_push_fresh(struct lf_stack *s, void *recs, size_t n, size
                               memory_order_relaxed);
     lf_push_chain(s, r + size, r + (n - 1) * size, link_off);
     return recs;
+}
+
+/* A record for a new owner: a recycled one from s, or when s is empty the
+ * first of a fresh, zeroed chunk of `chunk` bytes of records of `size`
+ * bytes from the metadata arena, the others pushed for the next owners.
+ * NULL when the arena has no memory. The one recycling of per-thread heaps
+ * (Tiny's, Pool's): a recycled record keeps what its last owner left in
+ * it, which the caller clears or takes over. */
+static inline void *lf_pop_or_fresh(struct lf_stack *s, size_t link_off, size_t size,
+                                    size_t chunk) {
+    void *rec = lf_pop(s, link_off);
+    if (rec != NULL) return rec;
+    void *recs = arena_meta(chunk);
+    return recs ? lf_push_fresh(s, recs, chunk / size, size, link_off) : NULL;
 }
 
 /* Every record at once (a chain, linked at link_off), or NULL: a load first,

@@ -1,6 +1,6 @@
 /* Usage: bytes in use, now and at most so far, for the stats. "In use" is
  * what the tiers have handed out, counted where they know it on their slow
- * paths: a Tiny, small-mid or L2.5 block from when it leaves its slab or
+ * paths: a Tiny or L2.5 block from when it leaves its slab or
  * bundle (into a thread cache or to the program) until it is back there (a
  * thread cache's flush; for a block freed by another thread, its slab
  * owner's drain of the remote list), at its class size; the Pool tier's

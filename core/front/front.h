@@ -20,7 +20,7 @@
  * their registers and tail-jumps here. f: the family allocating, for the
  * checked tier (HAKMEM_CHECK), which serves every miss while on. */
 void *front_malloc_miss(size_t n, size_t cls, enum chk_family f);
-/* The same for n < TINY_LUT_N, which finds the class again (one load): a
+/* The same for n < SMALL_LUT_N, which finds the class again (one load): a
  * class passed from the table look cost the fast path a register move. */
 void *front_lut_miss(size_t n, enum chk_family f);
 /* A block of small class cls the thread cache had none of, for
@@ -31,7 +31,7 @@ void *front_lut_miss(size_t n, enum chk_family f);
 void *front_class_miss(uint32_t cls, size_t n);
 
 HAK_INLINE void *front_malloc_as(size_t n, enum chk_family f) {
-    if (hak_likely(n < TINY_LUT_N)) {
+    if (hak_likely(n < SMALL_LUT_N)) {
         void *p = tiny_alloc_fast(small_class_lut[n]);
         return hak_likely(p != NULL) ? p : front_lut_miss(n, f);
     }
