@@ -6,31 +6,13 @@
 #define HAK_TCACHE_H
 
 #include "sizeclass.h"
+#include "tc_counts.h"
 
 #include <stdbool.h>
 
 struct tiny_heap;
 struct pool_heap;
 struct l25_heap;
-
-/* A list's two counters in one word, so that a pop updates both with one
- * add: `room` (low 16 bits: blocks the list may still take; free's whole
- * capacity check is one decrement and a sign test) and the countdown (the
- * 48 bits above: allocations of the class to pass before the next one is
- * sampled, for the heap profiler, and counted, for stats). A pop adds 1 to
- * room and takes 1 from the countdown; the sum turns negative exactly when
- * the countdown was 0, which sends that allocation to the miss path
- * (front_malloc_miss). room stays in 0..cap at a pop (a push that overdraws
- * it to -1 is refunded before any pop), so the add never carries. */
-union tc_counts {
-    int64_t word;
-    int16_t room;
-};
-#define TC_POP      ((int64_t)1 - ((int64_t)1 << 16))
-#define TC_CD_SHIFT 16
-/* The longest countdown (with the profiler off, front_sample caps it at
- * 4096 allocations, for the thread's look at the ages). */
-#define TC_CD_MAX ((int64_t)1 << 46)
 
 struct hak_tcache {
     void *head[SMALL_NCLASSES]; /* free blocks, linked through word 0 */
@@ -58,36 +40,11 @@ struct hak_tcache {
 
 extern HAK_HIDDEN __thread struct hak_tcache hak_tc;
 
-/* Take d from the counts of cls; true when the result is negative. In
- * assembly on x86-64: one subtraction from memory and the sign flag, where
- * GCC 12 spends an extra instruction on the address. */
-HAK_INLINE bool tc_count_sub(uint32_t cls, int64_t d) {
-#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__)
-    bool negative;
-    __asm__("subq %2, %1" : "=@ccs"(negative), "+m"(hak_tc.cnt[(size_t)cls].word) : "er"(d));
-    return negative;
-#else
-    return (hak_tc.cnt[cls].word -= d) < 0;
-#endif
-}
-
-/* Take one from the room of cls; true when it was 0 (now -1). In assembly
- * for the same reason: GCC 12 computes the address apart. */
-HAK_INLINE bool tc_room_take(size_t cls) {
-#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__)
-    bool negative;
-    __asm__("subw $1, %1" : "=@ccs"(negative), "+m"(hak_tc.cnt[cls].room));
-    return negative;
-#else
-    return --hak_tc.cnt[cls].room < 0;
-#endif
-}
-
 HAK_INLINE void *tc_pop(uint32_t cls) {
     void *p = hak_tc.head[cls];
     if (hak_likely(p != NULL)) {
         /* The countdown is due: the miss path (tc_due) undoes the add. */
-        if (hak_unlikely(tc_count_sub(cls, -TC_POP))) return NULL;
+        if (hak_unlikely(tc_word_sub(&hak_tc.cnt[(size_t)cls], -TC_POP))) return NULL;
         hak_tc.head[cls] = *(void **)p;
     }
     return p;
@@ -102,27 +59,22 @@ static inline void *tc_pop_filled(uint32_t cls) {
     return p;
 }
 
-/* The countdown of cls (room is not negative outside a push's slow path,
- * nor the word outside a miss). */
+/* The countdown of cls (tc_counts.h). */
 static inline int64_t tc_countdown(uint32_t cls) {
-    return hak_tc.cnt[cls].word >> TC_CD_SHIFT;
+    return tc_word_countdown(&hak_tc.cnt[cls]);
 }
 
 /* On every miss of cls (a pop that returned NULL must come here): count
  * this allocation; true when it is the one the countdown points at. The
  * caller then calls tc_due_undo, samples it or not, and calls tc_rearm. */
 HAK_INLINE bool tc_due(uint32_t cls) {
-    return tc_count_sub(cls, (int64_t)1 << TC_CD_SHIFT);
+    return tc_word_sub(&hak_tc.cnt[(size_t)cls], (int64_t)1 << TC_CD_SHIFT);
 }
 
 /* After tc_due said true: the countdown back at 0, and room as it was
- * before the pop that found it due, if one did (it left the countdown at
- * -1, room one up). */
+ * before the pop that found it due. */
 static inline void tc_due_undo(uint32_t cls) {
-    int64_t w = hak_tc.cnt[cls].word;
-    int64_t room = w & 0xffff;
-    if ((w >> TC_CD_SHIFT) == -2) room--;
-    hak_tc.cnt[cls].word = room;
+    tc_word_undo_due(&hak_tc.cnt[cls]);
 }
 
 /* Start the next countdown of cls (it is at 0, tc_due_undo): cd >= 0
@@ -133,7 +85,7 @@ static inline bool tc_rearm(uint32_t cls, int64_t cd) {
     int64_t was = hak_tc.armed[cls];
     if (cls < TINY_NCLASSES && was != 0) hak_tc.allocs[cls] += (uint64_t)(was - 1);
     hak_tc.armed[cls] = cd + 1;
-    hak_tc.cnt[cls].word += cd * ((int64_t)1 << TC_CD_SHIFT);
+    tc_word_add_countdown(&hak_tc.cnt[cls], cd);
     return was != 0;
 }
 
@@ -141,7 +93,7 @@ static inline bool tc_rearm(uint32_t cls, int64_t cd) {
  * counts, and its pop (or miss) takes back this one, not the countdown's. */
 static inline void tc_serve_due(uint32_t cls) {
     hak_tc.armed[cls]++;
-    hak_tc.cnt[cls].word += (int64_t)1 << TC_CD_SHIFT;
+    tc_word_add_countdown(&hak_tc.cnt[cls], 1);
 }
 
 /* Tiny allocs of cls counted since the last call. */
@@ -162,7 +114,7 @@ static inline uint64_t tc_take_allocs(uint32_t cls) {
  * fast path a register and two instructions. */
 HAK_INLINE bool tc_push(uint32_t cls, void *p) {
     size_t c = cls; /* (one zero extension for both uses) */
-    if (hak_unlikely(tc_room_take(c))) return false;
+    if (hak_unlikely(tc_word_room_take(&hak_tc.cnt[c]))) return false;
     *(void **)p = hak_tc.head[c];
     hak_tc.head[c] = p;
     return true;

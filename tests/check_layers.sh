@@ -4,7 +4,7 @@
 #
 #   0  boxes       core/box/, core/sizes.h, core/sizeclass.h, include/hakmem.h
 #   1  superslab   core/superslab/
-#   2  tcache      core/tcache.h, core/tcache.c
+#   2  tcache      core/tcache.h, core/tcache.c, core/tc_counts.h
 #   3  tiers       core/tiny.*, core/pool.*, core/l25.*, core/large.* or core/large/,
 #                  core/check.* or core/check/ (each a module of its own)
 #   4  front       core/front/
@@ -61,7 +61,7 @@ layer_of() {
     case "$1" in
     hakmem.h | sizes.h | sizeclass.h | sizeclass.c | box/*) echo "0 box" ;;
     superslab/*) echo "1 superslab" ;;
-    tcache.h | tcache.c) echo "2 tcache" ;;
+    tcache.h | tcache.c | tc_counts.h) echo "2 tcache" ;;
     tiny.[ch]) echo "3 tiny" ;;
     pool.[ch]) echo "3 pool" ;;
     l25.[ch] | l25/*) echo "3 l25" ;;
