@@ -19,7 +19,8 @@
  * States of the word:
  *   room 0, cap 0            closed: the thread's first slow path has not
  *                            run yet, or its exit has (every push fails and
- *                            takes the slow path, which opens the caches)
+ *                            takes the slow path, which opens the caches
+ *                            unless the thread's exit has begun)
  *   room -1                  a push found the list full (or closed): only
  *                            until that push's slow path refunds it
  *                            (tc_refund), before any pop

@@ -8,6 +8,7 @@
 #include "sizeclass.h"
 #include "tc_counts.h"
 
+#include <assert.h>
 #include <stdbool.h>
 
 struct tiny_heap;
@@ -72,7 +73,7 @@ HAK_INLINE bool tc_due(uint32_t cls) {
 }
 
 /* After tc_due said true: the countdown back at 0, and room as it was
- * before the pop that found it due. */
+ * before the pop that found it due, if one did. */
 static inline void tc_due_undo(uint32_t cls) {
     tc_word_undo_due(&hak_tc.cnt[cls]);
 }
@@ -169,9 +170,11 @@ static inline uint32_t tc_batch(uint32_t cls) {
 typedef void tc_give_fn(uint32_t cls, void *first, uint32_t n);
 
 /* The first n (1 <= n <= count) blocks of cls given back. Off the list
- * before `give` runs: what the tier's work may reach (a signal handler's
- * malloc or free of this class) finds the list whole. */
+ * before `give` runs: a signal handler that mallocs or frees this class
+ * during the tier's work finds the list consistent. (n = 0 would unlink one
+ * block and count none.) */
 static inline void tc_flush(uint32_t cls, uint32_t n, tc_give_fn *give) {
+    assert(n >= 1 && n <= tc_count(cls));
     void *last;
     give(cls, tc_take(cls, n, &last), n);
 }
@@ -190,11 +193,13 @@ static inline void tc_flush_all(uint32_t first, uint32_t end, tc_give_fn *give) 
 }
 
 /* free's push of p failed (tc_push returned false) and the caller refunded
- * the room: the list is full, so half of it goes back and p stays; with the
- * caches closed, p goes back alone. (Tiny grows a list instead when the
- * thread's batches need it, and then flushes as this does: tiny.c. Pool,
- * whose misses take one block rather than a batch, gives p alone back:
- * pool.c.) */
+ * the room: the list is full, so half of it goes back and p stays. (Closed
+ * caches with a heap to give p to do not occur: a tier's heap comes with
+ * open caches and goes before they close. Defensive: p goes back alone.)
+ * Tiny's slow path is this with two steps of its own: a list its batches
+ * outgrow grows instead, and the cap is fitted between the flush and the
+ * push (tiny.c). Pool gives p alone back: its misses take one block, not a
+ * batch (pool.c). */
 static inline void tc_overflow(uint32_t cls, void *p, tc_give_fn *give) {
     if (!hak_tc.open) {
         *(void **)p = NULL;

@@ -171,7 +171,7 @@ struct blk {
     size_t n;
 };
 
-/* A size of tier t (0 Tiny and small-mid, 1 Pool, 2 L2.5, 3 Large). */
+/* A size of tier t (0 Tiny, 1 Pool, 2 L2.5, 3 Large). */
 static size_t tier_size(int t, uint64_t *rng) {
     uint64_t r = rng_next(rng);
     switch (t) {

@@ -34,7 +34,7 @@ void *_Znam(size_t n);
 void _ZdlPv(void *p);
 void _ZdaPv(void *p);
 
-/* Slab slots (tiny, small-mid, pool-sized) and big blocks (L2.5-, Large-
+/* Slab slots (Tiny-, Pool-sized) and big blocks (L2.5-, Large-
  * sized). Each is 8 mod 16: 8 bytes of slack after the block, which the
  * tail canary covers. */
 static const size_t sizes[] = {24, 3000, 20008, 200008, 3 * MiB + 8};

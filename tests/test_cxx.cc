@@ -27,7 +27,7 @@ extern "C" {
 #define KiB ((size_t)1024)
 #define MiB (KiB * 1024)
 
-// One size per tier: Tiny, small-mid, Pool, L2.5, Large.
+// One size per tier: Tiny, Tiny above 1 KiB, Pool, L2.5, Large.
 static const size_t sizes[] = {16, 100, 1000, 5000, 20000, 200000, 3 * MiB};
 
 // Keeps the compiler from pairing or eliding the calls under test.

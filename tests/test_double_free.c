@@ -27,7 +27,7 @@
 void free_sized(void *ptr, size_t size);
 
 /* One size per tier and tier edge: Tiny (16 B is the smallest block, whose
- * second word is its last), small-mid, Pool, L2.5, Large. */
+ * second word is its last), Tiny above 1 KiB, Pool, L2.5, Large. */
 static const size_t sizes[] = {16, 64, 1000, 5000, 20000, 200000, 3 * MiB};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 

@@ -338,7 +338,7 @@ static void test_realloc_within_and_across(void **state) {
     q = realloc(q, 40000);
     for (int i = 0; i < 9000; i++)
         assert_int_equal(q[i], (uint8_t)i);
-    q = realloc(q, 3000); /* down to small-mid */
+    q = realloc(q, 3000); /* down to a Tiny class */
     for (int i = 0; i < 3000; i++)
         assert_int_equal(q[i], (uint8_t)i);
     free(q);

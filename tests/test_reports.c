@@ -30,7 +30,7 @@
 void free_sized(void *ptr, size_t size);
 void free_aligned_sized(void *ptr, size_t alignment, size_t size);
 
-/* One size per tier: Tiny, small-mid, Pool, L2.5, Large. */
+/* One size per tier: Tiny, Tiny above 1 KiB, Pool, L2.5, Large. */
 static const size_t sizes[] = {100, 3000, 20000, 200000, 3 * MiB};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 

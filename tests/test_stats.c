@@ -218,7 +218,7 @@ static void blocks_in_use(size_t size, uint32_t n) {
 static void test_in_use_follows_small_blocks(void **state) {
     (void)state;
     blocks_in_use(64, 4000);   /* Tiny */
-    blocks_in_use(3000, 1000); /* small-mid */
+    blocks_in_use(3000, 1000); /* Tiny above 1 KiB */
     blocks_in_use(200000, 40); /* L2.5 */
 }
 

@@ -2,8 +2,9 @@
  * kernel reports (/proc/self/statm, /proc/meminfo), so these tests hold
  * whatever the tiers' internals become.
  *
- * Tier edges (inclusive upper bounds, bytes): Tiny 0..1024, small-mid
- * 1025..8192, Pool 8193..53248, L2.5 53249..1048576, Large above 1048576.
+ * Tier edges (inclusive upper bounds, bytes): Tiny 0..8192 (two bands here:
+ * to 1024 its class comes from a table, above from arithmetic), Pool
+ * 8193..53248, L2.5 53249..1048576, Large above 1048576.
  *
  *  - boundary sizes (0, 1, E-1, E, E+1 for every edge E): many live at once,
  *    every usable byte patterned and cross-checked; calloc zeroed, also
@@ -53,7 +54,7 @@ static volatile size_t v_ptrdiff_max = PTRDIFF_MAX;
 
 /* ---- tiers ------------------------------------------------------------------------------ */
 
-enum { T_TINY, T_SMALL_MID, T_POOL, T_L25, T_LARGE, NTIERS };
+enum { T_TINY, T_TINY_1K_8K, T_POOL, T_L25, T_LARGE, NTIERS };
 
 struct tier {
     const char *name;
@@ -61,7 +62,7 @@ struct tier {
 };
 
 static const struct tier tiers[NTIERS] = {
-    {"Tiny", 0, 1024},        {"small-mid", 1025, 8192},   {"Pool", 8193, 53248},
+    {"Tiny", 0, 1024},        {"Tiny>1K", 1025, 8192},     {"Pool", 8193, 53248},
     {"L2.5", 53249, 1048576}, {"Large", 1048577, 4 * MiB},
 };
 
@@ -927,7 +928,7 @@ struct ring_arg {
 /* Tier weights for ring traffic (percent): mostly small blocks, a few big. */
 static int rnd_weighted_tier(uint64_t *rng) {
     unsigned x = (unsigned)(rnd(rng) % 100);
-    return x < 40 ? T_TINY : x < 65 ? T_SMALL_MID : x < 85 ? T_POOL : x < 98 ? T_L25 : T_LARGE;
+    return x < 40 ? T_TINY : x < 65 ? T_TINY_1K_8K : x < 85 ? T_POOL : x < 98 ? T_L25 : T_LARGE;
 }
 
 static void *ring_thread(void *arg) {

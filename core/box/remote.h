@@ -1,6 +1,7 @@
 /* A remote-free list: the blocks other threads free to a slab or a heap
- * they do not own, pushed with one compare-and-swap and taken whole by the
- * owner with one exchange. The one list for every tier that has one: Tiny
+ * they do not own, pushed with one compare-and-swap and taken whole with
+ * one exchange, by the owner (and by L2.5's trim, which gives the blocks'
+ * pages back and pushes the list again). The one list for every tier that has one: Tiny
  * keeps one per slab, Pool and L2.5 one per thread heap. Blocks are linked
  * wherever the tier keeps a block's link (word 0, or past the block), so a
  * push names the link to set. */

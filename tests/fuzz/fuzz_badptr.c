@@ -25,7 +25,7 @@
  * pointers") is generated; everything else is skipped:
  *   - a pointer that is the start of a live block is valid;
  *   - a pointer inside a live block (its usable size) is an invalid pointer;
- *   - in the SuperSlab range (Tiny and small-mid), the start of a carved
+ *   - in the SuperSlab range (Tiny), the start of a carved
  *     block that is not live is free (marked so in its second word) or in a
  *     slot given back: the call must abort, realloc and malloc_usable_size
  *     saying "invalid pointer", the free calls either word;

@@ -181,7 +181,7 @@ def api_seeds():
     prog += b"".join(free(i, i % 3) for i in range(len(EDGES)))
     s["tier_edges"] = prog
     # every size class -1, exact, +1
-    for part, lo, hi in (("tiny", 0, 20), ("smallmid", 20, 32), ("pool", 32, 43), ("l25", 43, 61)):
+    for part, lo, hi in (("tiny", 0, 20), ("tiny8k", 20, 32), ("pool", 32, 43), ("l25", 43, 61)):
         prog = b""
         slot = 0
         for c in range(lo, hi):

@@ -7,7 +7,7 @@
  *
  *   oom_tiers TIER...
  *
- * TIER (sizes, bytes): tiny 16-1024, smallmid 1025-8192, pool 8193-53248,
+ * TIER (sizes, bytes): tiny 16-1024, tiny8k 1025-8192 (both the Tiny tier), pool 8193-53248,
  * l25 53249-1 MiB, large 1 MiB+1 - 8 MiB, mixed any of these ranges at
  * random, then a size in it.
  *
@@ -77,7 +77,7 @@ struct tier {
 
 static const struct tier tiers[] = {
     {"tiny", 16, 1024},
-    {"smallmid", 1025, 8 * KiB},
+    {"tiny8k", 1025, 8 * KiB},
     {"pool", 8 * KiB + 1, 52 * KiB},
     {"l25", 52 * KiB + 1, 1 * MiB},
     {"large", 1 * MiB + 1, 8 * MiB},
@@ -433,7 +433,7 @@ int main(int argc, char **argv) {
     }
     limit = rl.rlim_cur;
     if (argc < 2) {
-        out("usage: oom_tiers TIER...   (tiny smallmid pool l25 large mixed)\n");
+        out("usage: oom_tiers TIER...   (tiny tiny8k pool l25 large mixed)\n");
         return 2;
     }
     const struct tier *first = NULL;

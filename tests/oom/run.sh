@@ -224,13 +224,13 @@ tiers_case() {
 # docs/RELIABILITY.md).
 # 150000: just above the point where a 128 MiB reservation fits.
 for kib in 100000 150000 300000; do
-    for tier in tiny smallmid pool l25 large mixed; do
+    for tier in tiny tiny8k pool l25 large mixed; do
         start_case tiers_case "tiers-$kib-$tier" "$kib" "$tier"
     done
 done
 start_case tiers_case tiers-1000000-mixed 1000000 mixed
-start_case tiers_case seq-100000 100000 tiny smallmid pool l25 large mixed
-start_case tiers_case seq-300000 300000 large l25 pool smallmid tiny mixed
+start_case tiers_case seq-100000 100000 tiny tiny8k pool l25 large mixed
+start_case tiers_case seq-300000 300000 large l25 pool tiny8k tiny mixed
 
 # ---- python -------------------------------------------------------------------
 # python_case NAME KIB MODE PYTHONMALLOC: py_fill.py MODE (PYTHONMALLOC

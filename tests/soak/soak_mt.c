@@ -6,7 +6,7 @@
  * else 300). Each lane keeps a table of slots and does random malloc, calloc,
  * realloc (grow, shrink, across tiers, reallocarray, realloc(p, 0)),
  * aligned_alloc, posix_memalign, memalign, valloc and free over sizes that hit
- * every hakmem tier (Tiny <= 1 KiB, small-mid <= 8 KiB, Pool <= 52 KiB, L2.5
+ * every hakmem tier (Tiny <= 8 KiB (in two bands: 1 KiB, 8 KiB), Pool <= 52 KiB, L2.5
  * <= 1 MiB, Large up to 16 MiB; weighted to small, with every tier edge +-1).
  * Every block is filled, up to malloc_usable_size, with a pattern derived from
  * its tag (lane, serial) and its offset, and checked before every free and
@@ -266,7 +266,7 @@ static int in_child; /* set in fork children: mismatches exit instead of abort *
 
 static const char *tier_of(size_t n) {
     if (n <= 1024) return "Tiny";
-    if (n <= 8192) return "small-mid";
+    if (n <= 8192) return "tiny>1k";
     if (n <= 53248) return "Pool";
     if (n <= ((size_t)1 << 20)) return "L2.5";
     return "Large";
@@ -370,7 +370,7 @@ static size_t pick_size(uint64_t *r) {
     if (x < 100) return edges[rnd_below(r, sizeof edges / sizeof edges[0])];
     if (x < 4000) return (size_t)rnd_below(r, 129);           /* Tiny, small */
     if (x < 6500) return rnd_log(r, 129, 1024);               /* Tiny */
-    if (x < 8500) return rnd_log(r, 1025, 8192);              /* small-mid */
+    if (x < 8500) return rnd_log(r, 1025, 8192);              /* Tiny above 1 KiB */
     if (x < 9560) return rnd_log(r, 8193, 53248);             /* Pool */
     if (x < 9990) return rnd_log(r, 53249, (size_t)1 << 20);  /* L2.5 */
     return rnd_log(r, ((size_t)1 << 20) + 1, MAX_BLOCK);      /* Large */
