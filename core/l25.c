@@ -1,7 +1,7 @@
 /* L2.5 tier: bundles, the heaps that own them (and their remote stacks), the
  * spare stacks, the shards of shared bundles, and the slow paths of the
  * thread cache. */
-#include "l25.h"
+#include "l25/l25.h"
 
 #include "box/arena.h"
 #include "box/bell.h"
