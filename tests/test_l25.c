@@ -12,7 +12,7 @@
 #include "box/config.h"
 #include "box/os.h"
 #include "death.h"
-#include "l25.h"
+#include "l25/l25.h"
 #include "maps.h"
 #include "pool.h"
 

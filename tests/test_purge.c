@@ -12,7 +12,7 @@
 
 #include "box/config.h"
 #include "hakmem.h"
-#include "l25.h"
+#include "l25/l25.h"
 #include "maps.h"
 #include "superslab/ss.h"
 #include "timing.h"

@@ -10,7 +10,7 @@
 #include "check/check.h"
 #include "large/large.h"
 #include "pool.h"
-#include "l25.h"
+#include "l25/l25.h"
 #include "tiny.h"
 
 /* malloc(n) when the thread cache had nothing for it (cls: n's class, or

@@ -6,7 +6,7 @@
 #include "box/usage.h"
 #include "check/check.h"
 #include "front/background.h"
-#include "l25.h"
+#include "l25/l25.h"
 #include "large/large.h"
 #include "pool.h"
 #include "superslab/ss.h"

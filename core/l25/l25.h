@@ -17,7 +17,7 @@
  * through, so free blocks and empty bundles can be given back to the OS
  * without a trace (a decommitted state byte reads L25_FREE).
  *
- * Bundles of the tier's classes are owned by a thread's heap (l25.c), as
+ * Bundles of the tier's classes are owned by a thread's heap (l25/heap.c), as
  * Pool chunks are: only the owner touches their bitmaps and lists, with no
  * lock. A block freed by another thread goes onto the owner heap's remote
  * stack (one compare-and-swap), which the owner takes whole (one exchange)
