@@ -7,7 +7,7 @@
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/os.h"
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "front/front.h"
 #include "front/lifecycle.h"
 #include "front/report.h"

@@ -13,7 +13,7 @@
 #include "large/large.h"
 
 #include "box/os.h"
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "box/rmap.h"
 #include "box/secret.h"
 #include "box/usage.h"

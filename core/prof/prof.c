@@ -1,11 +1,11 @@
-#include "box/prof.h"
+#include "prof/prof.h"
 
 #include "box/diag.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/secret.h"
 #include "box/tier.h"
-#include "box/unwind.h"
+#include "prof/unwind.h"
 
 #include <errno.h>
 #include <execinfo.h>
