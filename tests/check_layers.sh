@@ -2,7 +2,8 @@
 # Calls go one way: every #include "..." under core/ points to its own
 # module or to a lower layer, never up, never sideways to another tier.
 #
-#   0  boxes       core/box/, core/sizes.h, core/sizeclass.h, include/hakmem.h
+#   0  boxes       core/box/, core/prof/ (the heap profiler), core/sizes.h,
+#                  core/sizeclass.h, include/hakmem.h
 #   1  superslab   core/superslab/
 #   2  tcache      core/tcache.h, core/tcache.c, core/tc_counts.h
 #   3  tiers       core/tiny.*, core/pool.*, core/l25.*, core/large.* or core/large/,
@@ -32,7 +33,8 @@ if [ "${1:-}" = "--self-test" ]; then
         'core/tcache.c|#include <front/front.h>'
         'core/tcache.c|#include "box/../front/front.h"'
         'core/pool.c|#include "tiny.h"'
-        'core/box/os.c|#  include   "superslab/ss.h" // a comment')
+        'core/box/os.c|#  include   "superslab/ss.h" // a comment'
+        'core/prof/prof.c|#include "tcache.h"')
     for c in "${cases[@]}"; do
         file=${c%%|*} line=${c#*|}
         cp "core/${file#core/}" "$tmp/$file"
@@ -59,7 +61,7 @@ fi
 # layer_of PATH (relative to core/, or hakmem.h) -> "layer module"
 layer_of() {
     case "$1" in
-    hakmem.h | sizes.h | sizeclass.h | sizeclass.c | box/*) echo "0 box" ;;
+    hakmem.h | sizes.h | sizeclass.h | sizeclass.c | box/* | prof/*) echo "0 box" ;;
     superslab/*) echo "1 superslab" ;;
     tcache.h | tcache.c | tc_counts.h) echo "2 tcache" ;;
     tiny.[ch]) echo "3 tiny" ;;

@@ -9,7 +9,7 @@
 #include "box/clock.h"
 #include "box/config.h"
 #include "box/os.h"
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "large/large.h"
 #include "death.h"
 #include "maps.h"

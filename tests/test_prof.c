@@ -1,4 +1,4 @@
-/* The heap profiler's dump (core/box/prof.c) where it could hang, fail or
+/* The heap profiler's dump (core/prof/prof.c) where it could hang, fail or
  * count wrong: a lock held for good (exit from a signal handler that
  * interrupted a sample), a dumping thread cancelled, paths longer than the
  * diagnostics buffer, allocations that fail, and blocks realloc resizes
@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "large/large.h"
 #include "death.h"
 

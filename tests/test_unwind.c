@@ -1,4 +1,4 @@
-/* The profiler's stack walker (core/box/unwind.c) against glibc's
+/* The profiler's stack walker (core/prof/unwind.c) against glibc's
  * backtrace(): from frames of every shape the compiler makes (frame pointer
  * or not, alloca, a big frame, many saved registers, a call that ends its
  * function, recursion past the limit), through libc's frames, on threads'
@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "box/unwind.h"
+#include "prof/unwind.h"
 
 #include <execinfo.h>
 #include <pthread.h>

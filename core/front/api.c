@@ -1,17 +1,13 @@
 /* The exported allocation API: the standard names, which replace libc's in
  * any process hakmem is loaded into, and the hak_ names from hakmem.h. Each
- * standard function and its hak_ twin call the same inline front code. */
+ * standard function and its hak_ twin call the same inline front code.
+ * Here: each call's own front code and malloc's misses; what the misses
+ * call when something is due is apart: out of memory (oom.c), the ageing
+ * look (age.c), the heap profiler's samples (sample.c). */
 #include "hakmem.h"
 
-#include "box/arena.h"
-#include "box/clock.h"
-#include "box/config.h"
-#include "box/os.h"
-#include "box/prof.h"
-#include "front/front.h"
-#include "front/lifecycle.h"
+#include "front/internal.h"
 #include "front/report.h"
-#include "front/tiers.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -37,18 +33,6 @@ static uint32_t front_aligned_class(size_t align, size_t n) {
     while ((cls >= POOL_FIRST && cls < POOL_END) || (small_class_size[cls] & (align - 1)))
         cls++;
     return cls;
-}
-
-/* A Large block of n bytes; with the profiler on, maybe one its byte
- * countdown chose (prof.h). */
-static inline void *front_large(size_t n, size_t align, bool zero) {
-    /* A program whose first calls are Large ones (before hakmem's
-     * constructor: another library's) reads the settings here, as the small
-     * tiers' first slow path does (life_thread_start). */
-    life_ensure();
-    if (hak_unlikely(prof_on) && prof_bytes_due(n))
-        return large_alloc_sampled(n, align, zero, n, false);
-    return large_alloc(n, align, zero);
 }
 
 /* A block of n bytes aligned to `align` (a power of two), for family f. */
@@ -299,92 +283,8 @@ static void *front_pvalloc(size_t n) {
                          CHK_MALLOC);
 }
 
-static int front_trim(void) {
-    return tiers_collect(COLLECT_TRIM).released;
-}
-
-/* Out of memory: a request the OS refused may succeed once every cache has
- * given its memory back (a program that freed much of one size and now
- * wants another, under an address-space limit or a full commit charge).
- * After a NULL with errno ENOMEM, when an OS call of this thread was refused
- * since the last look (not for an impossible size, which no trim helps),
- * trim; true when that gave memory back: the caller tries once more, and
- * only once (a retry that fails again does not trim again: it could go on
- * giving back and taking the same reservation). errno is left as it was. */
-static __thread bool front_retrying;
-
-static __attribute__((cold, noinline)) bool front_retry(void) {
-    if (errno != ENOMEM || front_retrying || os_take_refusals() == 0) return false;
-    bool any = front_trim() != 0;
-    errno = ENOMEM;
-    front_retrying = any;
-    return any;
-}
-
-/* var = expr, and once more after front_retry when `failed`. */
-#define FRONT_TRY(var, failed, expr)                                                               \
-    do {                                                                                           \
-        (var) = (expr);                                                                            \
-        if (hak_unlikely(failed) && front_retry()) {                                               \
-            (var) = (expr);                                                                        \
-            front_retrying = false;                                                                \
-        }                                                                                          \
-    } while (0)
-
-/* A small block (class cls) its tier could not serve: after every cache gave
- * its memory back (when the OS refused something: an address-space limit
- * nearly reached), the tier again; the last resort is a mapping of the
- * block's own, which may still fit where the tiers' chunks, bundles and
- * SuperSlabs (megabytes) do not. (Not the other way round: the last resort
- * would cut cached Large mappings into a region per small block.) */
-static __attribute__((cold, noinline)) void *front_small_failed(uint32_t cls) {
-    size_t n = small_class_size[cls];
-    if (front_retry()) {
-        void *p = front_malloc(n); /* failing, the last resort: this without the retry */
-        front_retrying = false;
-        return p;
-    }
-    return large_alloc(n, HAK_MIN_ALIGN, false);
-}
-
-static __attribute__((noinline)) void *front_large_miss(size_t n) {
-    void *p;
-    FRONT_TRY(p, p == NULL, front_large(n, HAK_MIN_ALIGN, false));
-    return p;
-}
-
-/* Ageing the caches from the allocating side too (the tiers age what comes
- * back to them as it comes back; a program that stops freeing some sizes
- * must still see their memory go): every HAKMEM_BIGCACHE_AGE_MS at most,
- * one thread makes the tiers' purge passes. A thread looks at the clock
- * once per FRONT_PURGE_TICK misses. */
-#define FRONT_PURGE_TICK 64
-/* ... and once per FRONT_LOOK_ALLOCS allocations of a class (front_sample). */
-#define FRONT_LOOK_ALLOCS 4096
-static _Atomic uint64_t front_purge_next; /* ms */
-
-static __thread uint64_t front_purge_mine; /* ms: this thread's next look at its own */
-
-static __attribute__((noinline)) void front_purge(void) {
-    hak_tc.purge_tick = FRONT_PURGE_TICK;
-    uint64_t now = hak_now_ms();
-    if (now >= front_purge_mine) {
-        /* What only this thread may touch: its L2.5 cache (up to eight
-         * blocks of each class, megabytes a thread that moved on keeps for
-         * good) and heap (empty bundles, free blocks), and its Pool spares. */
-        front_purge_mine = now + hak_cfg.bigcache_age_ms;
-        (void)tiers_collect(COLLECT_THREAD);
-    }
-    uint64_t next = atomic_load_explicit(&front_purge_next, memory_order_relaxed);
-    if (now < next) return;
-    /* One thread does it; the others go on. */
-    if (!atomic_compare_exchange_strong_explicit(&front_purge_next, &next,
-                                                 now + hak_cfg.bigcache_age_ms,
-                                                 memory_order_relaxed, memory_order_relaxed))
-        return;
-    (void)tiers_collect(COLLECT_AGE); /* each tier's own timer says whether a pass is due */
-}
-
+/* ---- malloc's misses --------------------------------------------------------
+ * What front.h's fast path calls when the thread cache is empty. */
 static inline void *front_class_slow(uint32_t cls) {
     /* A thread that may not cache (its exit has begun) has no cache and no
      * heap: the L2.5 tier's bundles serve it, one block at a time. */
@@ -394,48 +294,6 @@ static inline void *front_class_slow(uint32_t cls) {
     /* Its tier had no memory (a full SuperSlab range, a refused chunk): the
      * L2.5 tier has bundles of every class, in mappings of their own. */
     return hak_likely(p != NULL) ? p : l25_alloc_uncached(cls);
-}
-
-/* The countdown of cls is due (tcache.h): this allocation, of n bytes, is
- * the one to sample. With the profiler on (and this thread not recording
- * one already: the unwinder allocates), it gets a Large block, aligned as
- * the class's blocks are, whose free the profiler sees. NULL otherwise: the
- * caller serves it from the class, which does not move the next countdown
- * (started first, so that an allocation made while recording finds it
- * running). */
-static void *front_sample(size_t n, uint32_t cls) {
-    tc_due_undo(cls);
-    size_t size = small_class_size[cls];
-    int64_t cd = prof_countdown(size);
-    if (!prof_on) {
-        /* Nothing to sample: the countdown still comes due every
-         * FRONT_LOOK_ALLOCS allocations of the class, for the thread's look
-         * at the ages, which its misses alone would seldom bring once its
-         * cache holds its batches (tc_grow). */
-        if (cd > FRONT_LOOK_ALLOCS) cd = FRONT_LOOK_ALLOCS;
-        front_purge();
-    }
-    if (tc_rearm(cls, cd) && prof_on && !prof_busy) {
-        size_t align = size & -size; /* what the class's blocks are aligned to */
-        void *p = large_alloc_sampled(size, align < 2 * HAK_PAGE_SIZE ? align : 2 * HAK_PAGE_SIZE,
-                                      false, n, true);
-        if (p != NULL) return p;
-        prof_lost();
-    }
-    tc_serve_due(cls);
-    return NULL;
-}
-
-/* Out of line, so that the misses below keep their registers. */
-static __attribute__((cold, noinline)) void *front_class_due(uint32_t cls, size_t n) {
-    void *p = front_sample(n, cls);
-    return p != NULL ? p : front_alloc_class(cls, n);
-}
-
-static __attribute__((cold, noinline)) void *front_malloc_due(size_t n, uint32_t cls) {
-    void *p = front_sample(n, cls);
-    if (p == NULL) p = front_alloc_class(cls, n);
-    return hak_likely(p != NULL) ? p : front_small_failed(cls);
 }
 
 HAK_HIDDEN void *front_class_miss(uint32_t cls, size_t n) {

@@ -16,9 +16,10 @@
 /* malloc(n) when the thread cache had nothing for it (cls: n's class, or
  * SMALL_NCLASSES for a Large block): the tiers' slow paths, and when the OS
  * refused memory, once more after every cache gave its memory back
- * (api.c). Out of line, so the fast path below keeps its arguments in
- * their registers and tail-jumps here. f: the family allocating, for the
- * checked tier (HAKMEM_CHECK), which serves every miss while on. */
+ * (api.c; the retry: oom.c). Out of line, so the fast path below keeps its
+ * arguments in their registers and tail-jumps here. f: the family
+ * allocating, for the checked tier (HAKMEM_CHECK), which serves every miss
+ * while on. */
 void *front_malloc_miss(size_t n, size_t cls, enum chk_family f);
 /* The same for n < SMALL_LUT_N, which finds the class again (one load): a
  * class passed from the table look cost the fast path a register move. */

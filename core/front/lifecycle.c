@@ -3,7 +3,7 @@
 #include "box/config.h"
 #include "box/diag.h"
 #include "box/lock.h"
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "box/thread.h"
 #include "check/check.h"
 #include "front/report.h"

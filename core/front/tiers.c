@@ -2,7 +2,7 @@
 
 #include "box/arena.h"
 #include "box/os.h"
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "box/usage.h"
 #include "check/check.h"
 #include "front/background.h"

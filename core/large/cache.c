@@ -1,12 +1,13 @@
 /* Large tier: where freed mappings wait to be used again, and the tier's
- * malloc and free, which take them and put them there. The BigCache (its
- * shards and entries: taking, splitting, merging, ageing, shedding), the
- * profiler's spares, the threads' own caches (large_tc_*), and what looks
- * at all of them: large_age_next, large_trim, the fork hooks and
- * large_get_stats. large_alloc and large_free are here, with the caches,
- * so that what they call of them stays inlined in them; and realloc's
- * growth over a cached mapping (large_grow_into_cached), for the same
- * reason. */
+ * malloc and free, which take them and put them there: the BigCache (its
+ * shards and entries: taking, splitting, merging, ageing, shedding) and the
+ * threads' own caches (large_tc_*). large_alloc and large_free are here,
+ * with the caches, so that what they call of them stays inlined in them (a
+ * 2 MiB malloc+free pair took 20 more instructions with the BigCache in a
+ * file of its own); and realloc's growth over a cached mapping
+ * (large_grow_into_cached), for the same reason. The spares are spare.c's;
+ * what looks at every cache at once (ageing, trim, fork, figures) is
+ * tier.c's. */
 #include "large/internal.h"
 
 #include "box/bell.h"
@@ -34,51 +35,7 @@ static bool large_clear_guard(void *start, size_t size, bool *guarded) {
     return true;
 }
 
-/* BigCache: freed mappings kept for reuse, at most LARGE_CACHE_N a shard
- * and hak_cfg.bigcache_bytes together. A request takes the smallest one that
- * holds it and leaves the rest, from the first region boundary past the
- * request on, in the cache (the same pages, still resident: no fault when a
- * later request takes it); or, when none is big enough, grows the biggest
- * one with mremap, so that only the new part takes page faults. An entry
- * unused for hak_cfg.bigcache_age_ms is decommitted (its pages go, the
- * mapping stays for reuse), and after twice that it is unmapped: the ages
- * are looked at on the tier's own calls, by the background thread
- * (large_age_next) and on malloc_trim. */
-#define LARGE_CACHE_N 64
-
-/* The BigCache is sharded: LARGE_SHARDS caches, each with its own lock and
- * LARGE_CACHE_N entries, and every thread puts what it frees into its own
- * shard (its home: handed out in turn, at its first look; what is taken
- * out of a thread's own cache by another thread goes to the owner's).
- * Threads whose big blocks miss their own caches (large_tc) each take a
- * lock of their own, not one that every thread takes, on a line no other
- * thread writes. A request takes from its home first, then from the
- * others that hold anything (a look at their counts without their locks).
- * The bound, hak_cfg.bigcache_bytes, is for all of them together: a put
- * pushes out its home's least recently put entries first, then the other
- * shards' (the one whose oldest was freed first), never its own. The parts
- * of a split mapping merge again within a shard only. Ages are looked at
- * in every shard at once, every quarter age, by whichever call comes first
- * (large_age_look). A single thread's frees all go to its one shard (the
- * profiler's spares, which a later look moves to the BigCache, go to the
- * looker's). */
-#define LARGE_SHARDS 16
-
-struct large_cache {
-    _Alignas(64) pthread_mutex_t lock;
-    size_t bytes; /* mapped bytes of all entries */
-    uint32_t n;   /* entries, in no order */
-    uint64_t decommits;
-    uint64_t seq; /* frees so far */
-    /* n, bytes and when the least recently freed entry was freed
-     * (UINT64_MAX: none) as of the last unlock: what other threads' looks
-     * read without the lock (large_shard_unlock). */
-    _Atomic uint32_t glance_n;
-    _Atomic size_t glance_bytes;
-    _Atomic uint64_t glance_oldest_ms; /* (its large_cache_oldest's) */
-    struct large_entry e[LARGE_CACHE_N];
-};
-static struct large_cache large_caches[LARGE_SHARDS] = {
+HAK_HIDDEN struct large_cache large_caches[LARGE_SHARDS] = {
     [0 ... LARGE_SHARDS - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER, .glance_oldest_ms = UINT64_MAX}};
 
 /* Threads given a home shard so far. */
@@ -90,25 +47,6 @@ static uint32_t large_home_index(void) {
         large_home_at =
             atomic_fetch_add_explicit(&large_homes, 1, memory_order_relaxed) % LARGE_SHARDS + 1;
     return large_home_at - 1;
-}
-
-static inline void large_shard_lock(struct large_cache *lc) {
-    hak_lock(&lc->lock);
-}
-
-static uint32_t large_cache_oldest(const struct large_cache *lc);
-
-static inline void large_shard_unlock(struct large_cache *lc) {
-    uint64_t oldest = lc->n > 0 ? lc->e[large_cache_oldest(lc)].freed_ms : UINT64_MAX;
-    atomic_store_explicit(&lc->glance_n, lc->n, memory_order_relaxed);
-    atomic_store_explicit(&lc->glance_bytes, lc->bytes, memory_order_relaxed);
-    atomic_store_explicit(&lc->glance_oldest_ms, oldest, memory_order_relaxed);
-    hak_unlock(&lc->lock);
-}
-
-/* Whether shard lc may hold anything (read without its lock). */
-static inline bool large_shard_any(struct large_cache *lc) {
-    return atomic_load_explicit(&lc->glance_n, memory_order_relaxed) != 0;
 }
 
 /* Bytes the shards other than lc (all of them with NULL) hold, as of their
@@ -131,7 +69,7 @@ static struct large_entry large_cache_remove(struct large_cache *lc, uint32_t i)
 
 /* The least recently put entry (by its shard's order: an entry pushed out
  * of a thread's cache is new here). Lock held, lc->n > 0. */
-static uint32_t large_cache_oldest(const struct large_cache *lc) {
+uint32_t large_cache_oldest(const struct large_cache *lc) {
     uint32_t best = 0;
     for (uint32_t i = 1; i < lc->n; i++)
         if (lc->e[i].seq < lc->e[best].seq) best = i;
@@ -176,8 +114,6 @@ static uint32_t large_cache_scan(struct large_cache *lc, uint64_t now, struct la
 
 static void large_cache_merge(struct large_cache *lc, struct large_entry *e);
 static void large_cache_shed(const struct large_cache *home);
-static uint64_t large_spare_age(uint64_t now);            /* (the spares: below) */
-static uint64_t large_tc_age_all(bool all, uint64_t now); /* (the threads' caches: below) */
 
 /* Decommit or unmap what large_cache_scan or large_cache_room took out of
  * shard lc; decommitted entries go back into it. */
@@ -214,7 +150,7 @@ static void large_cache_retire(struct large_cache *lc, const struct large_entry 
 }
 
 /* Shard lc's entries past their age decommitted or unmapped. */
-static void large_shard_age(struct large_cache *lc, uint64_t now) {
+void large_shard_age(struct large_cache *lc, uint64_t now) {
     struct large_entry old[LARGE_CACHE_N];
     if (!large_shard_any(lc)) return;
     large_shard_lock(lc);
@@ -224,7 +160,7 @@ static void large_shard_age(struct large_cache *lc, uint64_t now) {
 }
 
 /* When the ages were last looked at (large_age_look, large_age_next). */
-static _Atomic uint64_t large_looked_ms;
+HAK_HIDDEN _Atomic uint64_t large_looked_ms;
 
 /* Every quarter age at most (the looks are not free; every call with an age
  * under 4 ms), the first of the tier's calls past it looks at the ages of
@@ -512,7 +448,7 @@ static void large_cache_put_at(struct large_hdr *h, uint64_t freed_ms, struct la
 }
 
 /* Keep h, freed now, for reuse. */
-static void large_cache_put(struct large_hdr *h) {
+void large_cache_put(struct large_hdr *h) {
     large_cache_put_at(h, hak_now_ms(), &large_caches[large_home_index()]);
 }
 
@@ -546,181 +482,14 @@ bool large_grow_into_cached(struct large_hdr *h, size_t pages) {
     return true;
 }
 
-/* Spares: the mappings of freed sampled blocks that are not Large (a small
- * block the profiler moved here), kept for the next such sample out of the
- * BigCache's way. Samples come at a steady rate (one per HAKMEM_PROF_SAMPLE
- * bytes), each one a mapping: through the BigCache (a scan of its entries
- * and their ages, merges with neighbours) a sample's mapping cost more than
- * its stack walk. At most LARGE_SPARES of them and LARGE_SPARE_BYTES
- * together (nor more than the BigCache may hold, nor more than it, with
- * them, by 2 MiB). Unused for the age, they go to the BigCache, to age
- * there: at the tier's look at its ages, or the background thread's. A trim
- * unmaps them. */
-#define LARGE_SPARES      8
-#define LARGE_SPARE_BYTES ((size_t)2 << 20)
-
-static struct {
-    hak_spin lock;
-    uint32_t n;
-    size_t bytes; /* mapped bytes of all of them */
-    struct large_hdr *h[LARGE_SPARES];
-    size_t room[LARGE_SPARES]; /* large_room of each: the search reads no header */
-    /* When one was last put here (hak_now_ms); 0 with none. Unused for
-     * hak_cfg.bigcache_age_ms, they go to the BigCache (large_spare_age). */
-    uint64_t used_ms;
-} large_spares = {.lock = HAK_SPIN_INIT};
-
-/* A spare with at least `room` bytes of room, and not more than twice as
- * many: the smallest; NULL when none. */
-struct large_hdr *large_spare_take(size_t room) {
-    hak_spin_lock(&large_spares.lock);
-    uint32_t best = LARGE_SPARES;
-    size_t best_room = SIZE_MAX;
-    for (uint32_t i = 0; i < large_spares.n; i++) {
-        size_t r = large_spares.room[i];
-        if (r >= room && r / 2 <= room && r < best_room) {
-            best = i;
-            best_room = r;
-        }
-    }
-    struct large_hdr *h = NULL;
-    if (best != LARGE_SPARES) {
-        h = large_spares.h[best];
-        large_spares.n--;
-        large_spares.h[best] = large_spares.h[large_spares.n];
-        large_spares.room[best] = large_spares.room[large_spares.n];
-        large_spares.bytes -= h->map_size;
-        if (large_spares.n == 0) large_spares.used_ms = 0; /* nothing to age */
-    }
-    hak_spin_unlock(&large_spares.lock);
-    return h;
-}
-
-/* Keep freed mapping h as a spare; false when there is no room for it. */
-static bool large_spare_put(struct large_hdr *h) {
-    hak_spin_lock(&large_spares.lock);
-    size_t most =
-        LARGE_SPARE_BYTES < hak_cfg.bigcache_bytes ? LARGE_SPARE_BYTES : hak_cfg.bigcache_bytes;
-    bool room = large_spares.n < LARGE_SPARES && large_spares.bytes + h->map_size <= most;
-    if (room) {
-        large_spares.h[large_spares.n] = h;
-        large_spares.room[large_spares.n++] = large_room(h);
-        large_spares.bytes += h->map_size;
-        large_spares.used_ms = hak_now_ms();
-    }
-    hak_spin_unlock(&large_spares.lock);
-    if (room) bell_ring(); /* memory to age (large_age_next) */
-    return room;
-}
-
-/* Every spare out: into *out (LARGE_SPARES of room); how many. */
-static uint32_t large_spare_drain(struct large_hdr **out) {
-    hak_spin_lock(&large_spares.lock);
-    uint32_t n = large_spares.n;
-    memcpy(out, large_spares.h, n * sizeof *out);
-    large_spares.n = 0;
-    large_spares.bytes = 0;
-    large_spares.used_ms = 0;
-    hak_spin_unlock(&large_spares.lock);
-    large_sampled_out(n);
-    return n;
-}
-
-/* The spares go to the BigCache, to age there. */
-static void large_spare_flush(void) {
-    struct large_hdr *h[LARGE_SPARES];
-    uint32_t n = large_spare_drain(h);
-    for (uint32_t i = 0; i < n; i++)
-        large_cache_put(h[i]);
-}
-
-/* The spares, unused for the age at `now`, go to the BigCache; when they are
- * due to, UINT64_MAX with none. On the tier's own calls (the BigCache's
- * look at its ages) and the background thread's. */
-static uint64_t large_spare_age(uint64_t now) {
-    hak_spin_lock(&large_spares.lock); /* (the look the bell's promise needs: bell.h) */
-    uint64_t used = large_spares.used_ms;
-    hak_spin_unlock(&large_spares.lock);
-    if (used == 0) return UINT64_MAX;
-    /* (now was read before the lock: a put since may be later.) */
-    if (used >= now || now - used < hak_cfg.bigcache_age_ms) return used + hak_cfg.bigcache_age_ms;
-    large_spare_flush();
-    return UINT64_MAX;
-}
-
 /* ---- the threads' own caches ---------------------------------------------- */
 
-/* Each thread keeps the last few mappings it freed, for its own next Large
- * mallocs: reused without the BigCache's lock (a malloc and a free of a big
- * buffer each took it, and scanned its 64 entries under it). At most
- * LARGE_TC_N of them, and HAKMEM_LARGE_TCACHE_MB together (but an eighth of
- * the BigCache's bound at most, and all threads' together half of it:
- * large_tc_granted), none bigger than half that; one pushed out
- * by a newer one goes to the BigCache with its time of free, all of them at
- * the thread's exit and on a malloc_trim.
- *
- * The caches are records any thread can reach, not thread-locals, so that
- * an idle thread's mappings still age: whoever looks at the BigCache's
- * ages (the tier's own calls, the background thread) takes the entries
- * unused for the age out of every record (large_tc_age_all) into the
- * BigCache, which decommits and unmaps them in turn; a malloc_trim takes
- * them all. Records are claimed from a fixed table at a thread's first
- * Large free and given back at its exit; a thread that gets none caches
- * nothing of its own.
- *
- * The owner's operations make no atomic read-modify-write and write only
- * the record's own lines: an asymmetric handshake with the rare drainer (the
- * ager, a trim). The owner marks itself busy (a plain store),
- * then reads its record's stop word; a drainer sets stop, makes every
- * running thread of the process pass a full barrier (membarrier, private
- * expedited: os_barrier) and then reads busy. So either the owner sees stop
- * (and leaves the record alone: its malloc or free goes to the BigCache) or
- * the drainer sees it busy (an ageing pass skips the record and comes back;
- * a trim waits: the owner's part inside is a few loads and stores, no call)
- * or both; never neither. Each has the record to itself in turn, and the
- * release and acquire of busy and stop order what each wrote in it. Where
- * the kernel has no membarrier (registered at the first claim) the owner's
- * store of busy is a sequentially consistent one (an exchange), as the
- * drainer's store of stop always is, and the drainer calls nothing
- * (large_tc_mode): an exchange a malloc or free, as before. (One exchange a
- * hit took the record's slot; the count build's local_1-4m made 1.0 of them
- * an op.) A fork child gives the records of threads it has not back
- * (large_fork_child). */
-#define LARGE_TC_N       4
-#define LARGE_TC_RECORDS 256
-#define LARGE_TC_CHUNK   16 /* records a drainer stops at once */
+HAK_HIDDEN _Atomic int large_tc_mode;
 
-/* How the owner's busy and the drainer's stop are ordered. */
-enum { LARGE_TC_UNSET, LARGE_TC_MEMBARRIER, LARGE_TC_FENCE };
-static _Atomic int large_tc_mode;
-
-struct large_tc {
-    /* The owner's line: busy and mode it writes, stop a drainer (rarely). */
-    _Alignas(64) _Atomic uint32_t busy;
-    _Atomic uint32_t stop;
-    _Atomic bool claimed;
-    int mode; /* large_tc_mode, when claimed */
-    /* Whoever has the record (its owner between large_tc_enter and
-     * large_tc_leave, or a drainer that stopped it and found it not busy).
-     * The slots, their times and sizes are atomics (relaxed: plain loads
-     * and stores) for the drainer's and large_get_stats' glimpses. */
-    _Atomic(struct large_hdr *) slot[LARGE_TC_N];
-    _Atomic uint64_t freed_ms[LARGE_TC_N];
-    /* Each slot's map_size (the mapping may be a drainer's and gone by the
-     * time another thread would read its header). */
-    _Atomic size_t size[LARGE_TC_N];
-    size_t room[LARGE_TC_N];  /* their large_room */
-    uint64_t seq[LARGE_TC_N]; /* order of the frees (many share a ms) */
-    uint64_t nput;
-    size_t bytes; /* their sizes together */
-    /* The owner's alone: */
-    size_t credit; /* its share of large_tc_granted */
-    uint32_t home; /* its owner's BigCache shard: where its entries go */
-};
-static struct large_tc large_tcs[LARGE_TC_RECORDS];
-static __thread struct large_tc *large_my_tc;
+HAK_HIDDEN struct large_tc large_tcs[LARGE_TC_RECORDS];
+HAK_HIDDEN __thread struct large_tc *large_my_tc;
 /* One drainer at a time: it stops records and waits on them. */
-static hak_spin large_tc_drain_lock = HAK_SPIN_INIT;
+HAK_HIDDEN hak_spin large_tc_drain_lock = HAK_SPIN_INIT;
 
 static size_t large_tc_bound(void) {
     size_t b = hak_cfg.bigcache_bytes / 8;
@@ -925,7 +694,7 @@ static __thread bool large_tc_draining;
  * barrier for them, their entries taken out, and the records let go before
  * the entries go to the BigCache. With `all` (a trim) a busy record is
  * waited for. (Records given back are empty.) */
-static uint64_t large_tc_age_all(bool all, uint64_t now) {
+uint64_t large_tc_age_all(bool all, uint64_t now) {
     uint64_t next = UINT64_MAX;
     if (large_tc_draining) return now;
     for (uint32_t r = 0; r < LARGE_TC_RECORDS;) {
@@ -980,7 +749,7 @@ static uint64_t large_tc_age_all(bool all, uint64_t now) {
 /* Record t's entries to the BigCache and the record given back: its
  * thread's exit, or a fork child's for a thread it does not have. The
  * caller has it. */
-static void large_tc_give_back(struct large_tc *t) {
+void large_tc_give_back(struct large_tc *t) {
     struct large_hdr *out[LARGE_TC_N];
     uint64_t out_ms[LARGE_TC_N];
     uint32_t out_home[LARGE_TC_N], nout = 0;
@@ -1077,166 +846,3 @@ void large_free(void *p, uint32_t entry, const char *fn) {
     }
     if (!large_tc_put(h)) large_cache_put(h);
 }
-
-uint64_t large_age_next(void) {
-    atomic_store_explicit(&large_looked_ms, hak_now_ms(), memory_order_relaxed);
-    uint64_t next = large_spare_age(hak_now_ms());
-    uint64_t tc_next = large_tc_age_all(false, hak_now_ms());
-    if (tc_next < next) next = tc_next;
-    /* What the shards keep: due when unused for the age (decommit), or
-     * twice that (unmap: address space only, the pages went at the first). */
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    for (uint32_t s = 0; s < LARGE_SHARDS; s++) {
-        struct large_cache *lc = &large_caches[s];
-        large_shard_age(lc, hak_now_ms());
-        if (!large_shard_any(lc)) continue;
-        large_shard_lock(lc);
-        for (uint32_t i = 0; i < lc->n; i++) {
-            uint64_t due = lc->e[i].freed_ms + (lc->e[i].decommitted ? 2 * age : age);
-            if (due < next) next = due;
-        }
-        large_shard_unlock(lc);
-    }
-    return next;
-}
-
-bool large_trim(void) {
-    large_tc_age_all(true, 0); /* every thread's own caches too */
-    struct large_hdr *spare[LARGE_SPARES];
-    uint32_t nspare = large_spare_drain(spare);
-    for (uint32_t i = 0; i < nspare; i++)
-        large_release(large_start(spare[i]), spare[i]->map_size);
-    uint32_t n = 0;
-    for (uint32_t s = 0; s < LARGE_SHARDS; s++) {
-        struct large_cache *lc = &large_caches[s];
-        struct large_entry all[LARGE_CACHE_N];
-        large_shard_lock(lc);
-        uint32_t k = lc->n;
-        memcpy(all, lc->e, k * sizeof all[0]);
-        lc->n = 0;
-        lc->bytes = 0;
-        large_shard_unlock(lc);
-        for (uint32_t i = 0; i < k; i++)
-            large_release(all[i].at, all[i].size);
-        n += k;
-    }
-    return n + nspare > 0;
-}
-
-void large_fork_prepare(void) {
-    hak_spin_lock(&large_tc_drain_lock); /* (no record is stopped while it is held) */
-    hak_spin_lock(&large_spares.lock);
-    for (uint32_t s = 0; s < LARGE_SHARDS; s++)
-        pthread_mutex_lock(&large_caches[s].lock);
-}
-void large_fork_release(bool child) {
-    (void)child; /* the same in parent and child */
-    for (uint32_t s = LARGE_SHARDS; s-- > 0;)
-        pthread_mutex_unlock(&large_caches[s].lock);
-    hak_spin_unlock(&large_spares.lock);
-    hak_spin_unlock(&large_tc_drain_lock);
-}
-
-void large_fork_child(void) {
-    /* The registration for membarrier is the parent's (a kernel may not
-     * carry it over): again, or the fence with the exchange, set while this
-     * is the only thread. */
-    if (atomic_load_explicit(&large_tc_mode, memory_order_relaxed) == LARGE_TC_MEMBARRIER &&
-        !os_barrier_register()) {
-        atomic_store_explicit(&large_tc_mode, LARGE_TC_FENCE, memory_order_relaxed);
-        if (large_my_tc) large_my_tc->mode = LARGE_TC_FENCE;
-    }
-    /* The records of the parent's other threads have no thread here (one
-     * may have been inside its malloc or free, busy): their mappings go to
-     * the BigCache and the records are given back. */
-    for (uint32_t r = 0; r < LARGE_TC_RECORDS; r++) {
-        struct large_tc *t = &large_tcs[r];
-        if (t == large_my_tc || !atomic_load_explicit(&t->claimed, memory_order_relaxed)) continue;
-        atomic_store_explicit(&t->stop, 0, memory_order_relaxed);
-        large_tc_give_back(t);
-    }
-}
-
-/* A published counter, never below 0 (see large_count). */
-static uint64_t large_counted(int c) {
-    int64_t v = atomic_load_explicit(&large_count[c], memory_order_relaxed);
-    return v > 0 ? (uint64_t)v : 0;
-}
-
-void large_get_stats(struct large_stats *s) {
-    large_publish(); /* (this thread's own changes: all of them) */
-    s->allocs = large_counted(LC_ALLOCS);
-    s->frees = large_counted(LC_FREES);
-    s->cache_hits = large_counted(LC_HITS);
-    s->remaps_inplace = large_counted(LC_INPLACE);
-    s->remaps_moved = large_counted(LC_MOVED);
-    /* (Published allocs and frees: frees of another thread's blocks may be
-     * published first.) */
-    s->live_blocks = s->allocs > s->frees ? s->allocs - s->frees : 0;
-    s->live_bytes = large_counted(LC_LIVE_BYTES);
-    hak_spin_lock(&large_spares.lock);
-    s->cached_blocks = large_spares.n;
-    s->cached_bytes = large_spares.bytes;
-    hak_spin_unlock(&large_spares.lock);
-    for (uint32_t r = 0; r < LARGE_TC_RECORDS; r++) { /* (racing their threads: a glimpse) */
-        for (uint32_t i = 0; i < LARGE_TC_N; i++) {
-            struct large_hdr *h = atomic_load_explicit(&large_tcs[r].slot[i], memory_order_relaxed);
-            if (h == NULL) continue;
-            s->cached_blocks++;
-            s->cached_bytes += atomic_load_explicit(&large_tcs[r].size[i], memory_order_relaxed);
-        }
-    }
-    s->cache_decommits = 0;
-    for (uint32_t k = 0; k < LARGE_SHARDS; k++) {
-        struct large_cache *lc = &large_caches[k];
-        large_shard_lock(lc);
-        s->cached_blocks += lc->n;
-        s->cached_bytes += lc->bytes;
-        s->cache_decommits += lc->decommits;
-        large_shard_unlock(lc);
-    }
-}
-
-/* ---- the tier contract (box/tier.h) ----------------------------------------- */
-
-static void large_collect(enum tier_collect kind, struct tier_done *done) {
-    switch (kind) {
-    case COLLECT_IDLE:
-        tier_due(done, large_age_next());
-        break;
-    case COLLECT_TRIM:
-        tier_released(done, large_trim());
-        break;
-    case COLLECT_EXIT:
-        large_thread_exit();
-        break;
-    default:
-        break; /* (the tier ages on its own calls) */
-    }
-}
-
-static void large_tier_stats(struct tier_stats *s) {
-    struct large_stats l;
-    large_get_stats(&l);
-    s->own_blocks += l.live_blocks;
-    s->own_bytes += l.live_bytes;
-    s->kept_bytes += l.cached_bytes;
-    tier_row(s, "large.allocs", l.allocs);
-    tier_row(s, "large.frees", l.frees);
-    tier_row(s, "large.cache_hits", l.cache_hits);
-    tier_row(s, "large.remaps_inplace", l.remaps_inplace);
-    tier_row(s, "large.remaps_moved", l.remaps_moved);
-    tier_row(s, "large.live_blocks", l.live_blocks);
-    tier_row(s, "large.live_bytes", l.live_bytes);
-    tier_row(s, "large.cached_blocks", l.cached_blocks);
-    tier_row(s, "large.cached_bytes", l.cached_bytes);
-    tier_row(s, "large.cache_decommits", l.cache_decommits);
-}
-
-const struct tier_ops large_tier = {.name = "large",
-                                    .collect = large_collect,
-                                    .thread_armed = large_thread_start,
-                                    .fork_prepare = large_fork_prepare,
-                                    .fork_release = large_fork_release,
-                                    .fork_child = large_fork_child,
-                                    .stats = large_tier_stats};

@@ -7,7 +7,7 @@
 #include "large/internal.h"
 
 #include "box/os.h"
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "box/rmap.h"
 #include "sizeclass.h"
 #include "sizes.h"

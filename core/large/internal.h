@@ -1,5 +1,6 @@
 /* What the Large tier's files (core/large/: block.c, cache.c, growth.c,
- * sampled.c) share, each thing declared once; they alone include it.
+ * sampled.c, spare.c, tier.c) share, each thing declared once; they alone
+ * include it.
  *
  * Large tier. The header sits in the mapping's first page, at the start or
  * at a colour (large_place); every region of the mapping but the first is
@@ -12,13 +13,15 @@
 
 #include "large/large.h"
 
+#include "box/lock.h"
 #include "box/os.h"
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "box/rmap.h"
 #include "box/secret.h"
 #include "box/usage.h"
 #include "sizes.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -352,10 +355,200 @@ uint32_t large_colour_for(size_t off, size_t size, size_t room, bool growing, ui
 void *large_open(struct large_hdr *h, size_t off, size_t size, bool growing, bool zero,
                  size_t clean);
 
-/* cache.c */
-bool large_grow_into_cached(struct large_hdr *h, size_t pages);
-struct large_hdr *large_spare_take(size_t room);
+/* cache.c: the tier's malloc and free, and the caches they take from */
 void large_tc_release(void);
 void *large_alloc_as(size_t size, size_t align, bool zero, bool growing);
+
+/* ---- the BigCache (cache.c) ------------------------------------------------- */
+
+/* BigCache: freed mappings kept for reuse, at most LARGE_CACHE_N a shard
+ * and hak_cfg.bigcache_bytes together. A request takes the smallest one that
+ * holds it and leaves the rest, from the first region boundary past the
+ * request on, in the cache (the same pages, still resident: no fault when a
+ * later request takes it); or, when none is big enough, grows the biggest
+ * one with mremap, so that only the new part takes page faults. An entry
+ * unused for hak_cfg.bigcache_age_ms is decommitted (its pages go, the
+ * mapping stays for reuse), and after twice that it is unmapped: the ages
+ * are looked at on the tier's own calls, by the background thread
+ * (large_age_next) and on malloc_trim. */
+#define LARGE_CACHE_N 64
+
+/* The BigCache is sharded: LARGE_SHARDS caches, each with its own lock and
+ * LARGE_CACHE_N entries, and every thread puts what it frees into its own
+ * shard (its home: handed out in turn, at its first look; what is taken
+ * out of a thread's own cache by another thread goes to the owner's).
+ * Threads whose big blocks miss their own caches (large_tc) each take a
+ * lock of their own, not one that every thread takes, on a line no other
+ * thread writes. A request takes from its home first, then from the
+ * others that hold anything (a look at their counts without their locks).
+ * The bound, hak_cfg.bigcache_bytes, is for all of them together: a put
+ * pushes out its home's least recently put entries first, then the other
+ * shards' (the one whose oldest was freed first), never its own. The parts
+ * of a split mapping merge again within a shard only. Ages are looked at
+ * in every shard at once, every quarter age, by whichever call comes first
+ * (large_age_look). A single thread's frees all go to its one shard (the
+ * profiler's spares, which a later look moves to the BigCache, go to the
+ * looker's). */
+#define LARGE_SHARDS 16
+
+struct large_cache {
+    _Alignas(64) pthread_mutex_t lock;
+    size_t bytes; /* mapped bytes of all entries */
+    uint32_t n;   /* entries, in no order */
+    uint64_t decommits;
+    uint64_t seq; /* frees so far */
+    /* n, bytes and when the least recently freed entry was freed
+     * (UINT64_MAX: none) as of the last unlock: what other threads' looks
+     * read without the lock (large_shard_unlock). */
+    _Atomic uint32_t glance_n;
+    _Atomic size_t glance_bytes;
+    _Atomic uint64_t glance_oldest_ms; /* (its large_cache_oldest's) */
+    struct large_entry e[LARGE_CACHE_N];
+};
+extern HAK_HIDDEN struct large_cache large_caches[LARGE_SHARDS];
+/* When the ages were last looked at (large_age_look, large_age_next). */
+extern HAK_HIDDEN _Atomic uint64_t large_looked_ms;
+
+/* The least recently put entry of shard lc. Lock held, lc->n > 0. */
+uint32_t large_cache_oldest(const struct large_cache *lc);
+
+static inline void large_shard_lock(struct large_cache *lc) {
+    hak_lock(&lc->lock);
+}
+
+static inline void large_shard_unlock(struct large_cache *lc) {
+    uint64_t oldest = lc->n > 0 ? lc->e[large_cache_oldest(lc)].freed_ms : UINT64_MAX;
+    atomic_store_explicit(&lc->glance_n, lc->n, memory_order_relaxed);
+    atomic_store_explicit(&lc->glance_bytes, lc->bytes, memory_order_relaxed);
+    atomic_store_explicit(&lc->glance_oldest_ms, oldest, memory_order_relaxed);
+    hak_unlock(&lc->lock);
+}
+
+/* Whether shard lc may hold anything (read without its lock). */
+static inline bool large_shard_any(struct large_cache *lc) {
+    return atomic_load_explicit(&lc->glance_n, memory_order_relaxed) != 0;
+}
+
+/* Shard lc's entries past their age decommitted or unmapped. */
+void large_shard_age(struct large_cache *lc, uint64_t now);
+/* Keep h, freed now, for reuse (in this thread's shard). */
+void large_cache_put(struct large_hdr *h);
+bool large_grow_into_cached(struct large_hdr *h, size_t pages);
+
+/* ---- the spares (spare.c) --------------------------------------------------- */
+
+/* Spares: the mappings of freed sampled blocks that are not Large (a small
+ * block the profiler moved here), kept for the next such sample out of the
+ * BigCache's way. Samples come at a steady rate (one per HAKMEM_PROF_SAMPLE
+ * bytes), each one a mapping: through the BigCache (a scan of its entries
+ * and their ages, merges with neighbours) a sample's mapping cost more than
+ * its stack walk. At most LARGE_SPARES of them and LARGE_SPARE_BYTES
+ * together (nor more than the BigCache may hold, nor more than it, with
+ * them, by 2 MiB). Unused for the age, they go to the BigCache, to age
+ * there: at the tier's look at its ages, or the background thread's. A trim
+ * unmaps them. */
+#define LARGE_SPARES      8
+#define LARGE_SPARE_BYTES ((size_t)2 << 20)
+
+struct large_spares {
+    hak_spin lock;
+    uint32_t n;
+    size_t bytes; /* mapped bytes of all of them */
+    struct large_hdr *h[LARGE_SPARES];
+    size_t room[LARGE_SPARES]; /* large_room of each: the search reads no header */
+    /* When one was last put here (hak_now_ms); 0 with none. Unused for
+     * hak_cfg.bigcache_age_ms, they go to the BigCache (large_spare_age). */
+    uint64_t used_ms;
+};
+extern HAK_HIDDEN struct large_spares large_spares;
+
+struct large_hdr *large_spare_take(size_t room);
+/* Keep freed mapping h as a spare; false when there is no room for it. */
+bool large_spare_put(struct large_hdr *h);
+/* Every spare out: into *out (LARGE_SPARES of room); how many. */
+uint32_t large_spare_drain(struct large_hdr **out);
+/* The spares unused for the age go to the BigCache; when they are due to,
+ * UINT64_MAX with none. */
+uint64_t large_spare_age(uint64_t now);
+
+/* ---- the threads' own caches (cache.c) ------------------------------------- */
+
+/* Each thread keeps the last few mappings it freed, for its own next Large
+ * mallocs: reused without the BigCache's lock (a malloc and a free of a big
+ * buffer each took it, and scanned its 64 entries under it). At most
+ * LARGE_TC_N of them, and HAKMEM_LARGE_TCACHE_MB together (but an eighth of
+ * the BigCache's bound at most, and all threads' together half of it:
+ * large_tc_granted), none bigger than half that; one pushed out
+ * by a newer one goes to the BigCache with its time of free, all of them at
+ * the thread's exit and on a malloc_trim.
+ *
+ * The caches are records any thread can reach, not thread-locals, so that
+ * an idle thread's mappings still age: whoever looks at the BigCache's
+ * ages (the tier's own calls, the background thread) takes the entries
+ * unused for the age out of every record (large_tc_age_all) into the
+ * BigCache, which decommits and unmaps them in turn; a malloc_trim takes
+ * them all. Records are claimed from a fixed table at a thread's first
+ * Large free and given back at its exit; a thread that gets none caches
+ * nothing of its own.
+ *
+ * The owner's operations make no atomic read-modify-write and write only
+ * the record's own lines: an asymmetric handshake with the rare drainer (the
+ * ager, a trim). The owner marks itself busy (a plain store),
+ * then reads its record's stop word; a drainer sets stop, makes every
+ * running thread of the process pass a full barrier (membarrier, private
+ * expedited: os_barrier) and then reads busy. So either the owner sees stop
+ * (and leaves the record alone: its malloc or free goes to the BigCache) or
+ * the drainer sees it busy (an ageing pass skips the record and comes back;
+ * a trim waits: the owner's part inside is a few loads and stores, no call)
+ * or both; never neither. Each has the record to itself in turn, and the
+ * release and acquire of busy and stop order what each wrote in it. Where
+ * the kernel has no membarrier (registered at the first claim) the owner's
+ * store of busy is a sequentially consistent one (an exchange), as the
+ * drainer's store of stop always is, and the drainer calls nothing
+ * (large_tc_mode): an exchange a malloc or free, as before. (One exchange a
+ * hit took the record's slot; the count build's local_1-4m made 1.0 of them
+ * an op.) A fork child gives the records of threads it has not back
+ * (large_fork_child). */
+#define LARGE_TC_N       4
+#define LARGE_TC_RECORDS 256
+#define LARGE_TC_CHUNK   16 /* records a drainer stops at once */
+
+/* How the owner's busy and the drainer's stop are ordered. */
+enum { LARGE_TC_UNSET, LARGE_TC_MEMBARRIER, LARGE_TC_FENCE };
+extern HAK_HIDDEN _Atomic int large_tc_mode;
+
+struct large_tc {
+    /* The owner's line: busy and mode it writes, stop a drainer (rarely). */
+    _Alignas(64) _Atomic uint32_t busy;
+    _Atomic uint32_t stop;
+    _Atomic bool claimed;
+    int mode; /* large_tc_mode, when claimed */
+    /* Whoever has the record (its owner between large_tc_enter and
+     * large_tc_leave, or a drainer that stopped it and found it not busy).
+     * The slots, their times and sizes are atomics (relaxed: plain loads
+     * and stores) for the drainer's and large_get_stats' glimpses. */
+    _Atomic(struct large_hdr *) slot[LARGE_TC_N];
+    _Atomic uint64_t freed_ms[LARGE_TC_N];
+    /* Each slot's map_size (the mapping may be a drainer's and gone by the
+     * time another thread would read its header). */
+    _Atomic size_t size[LARGE_TC_N];
+    size_t room[LARGE_TC_N];  /* their large_room */
+    uint64_t seq[LARGE_TC_N]; /* order of the frees (many share a ms) */
+    uint64_t nput;
+    size_t bytes; /* their sizes together */
+    /* The owner's alone: */
+    size_t credit; /* its share of large_tc_granted */
+    uint32_t home; /* its owner's BigCache shard: where its entries go */
+};
+extern HAK_HIDDEN struct large_tc large_tcs[LARGE_TC_RECORDS];
+extern HAK_HIDDEN __thread struct large_tc *large_my_tc;
+/* One drainer at a time: it stops records and waits on them. */
+extern HAK_HIDDEN hak_spin large_tc_drain_lock;
+
+/* Every thread's cache's entries unused for the age (all with `all`) to
+ * the BigCache; when the next of those left is due. */
+uint64_t large_tc_age_all(bool all, uint64_t now);
+/* Record t's entries to the BigCache and the record given back. */
+void large_tc_give_back(struct large_tc *t);
 
 #endif

@@ -6,7 +6,7 @@
  * in internal.h). */
 #include "large/internal.h"
 
-#include "box/prof.h"
+#include "prof/prof.h"
 #include "sizes.h"
 
 #include <stdatomic.h>

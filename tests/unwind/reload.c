@@ -6,7 +6,7 @@
  * past the stack. Prints the count of walks that went wrong; exit 1 if any.
  * With --before: the same with the first library loaded before the walker
  * started (it came by dlopen: its rules too are kept by generation). */
-#include "box/unwind.h"
+#include "prof/unwind.h"
 
 #include <dlfcn.h>
 #include <execinfo.h>

@@ -1,4 +1,4 @@
-#include "box/unwind.h"
+#include "prof/unwind.h"
 
 #include "box/os.h"
 #include "sizes.h"

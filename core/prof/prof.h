@@ -13,7 +13,9 @@
  * by, and a sampled block keeps its record. A dump writes the live samples,
  * each scaled by 1/probability, in the heap-profile format pprof reads.
  *
- * This box knows no tier: it is handed addresses and sizes. */
+ * This box knows no tier: it is handed addresses and sizes. Its files:
+ * prof.c (sampling, the records), dump.c (the profile written out),
+ * unwind.c (the stack walker), internal.h (what they share). */
 #ifndef HAK_PROF_H
 #define HAK_PROF_H
 
