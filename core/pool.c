@@ -252,8 +252,8 @@ static void *pool_hand_out(struct pool_chunk *c, void *b, uint32_t cls) {
 }
 
 void *pool_alloc_slow(uint32_t cls) {
-    struct pool_heap *h = hak_tc.pool;
-    if (h == NULL && (h = hak_tc.pool = pool_heap_get()) == NULL) {
+    struct pool_heap *h = tc_self.pool;
+    if (h == NULL && (h = tc_self.pool = pool_heap_get()) == NULL) {
         errno = ENOMEM;
         return NULL;
     }
@@ -298,7 +298,7 @@ void *pool_alloc_slow(uint32_t cls) {
 static void pool_give_back(uint32_t cls, void *b, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
         void *next = *(void **)b;
-        pool_give(hak_tc.pool, b, cls);
+        pool_give(tc_self.pool, b, cls);
         b = next;
     }
 }
@@ -309,7 +309,7 @@ static void pool_give_back(uint32_t cls, void *b, uint32_t n) {
  * at 20000 B: 47 instructions more a pair). */
 void pool_free_slow(void *p, uint32_t cls) {
     tc_refund(cls);
-    pool_give(hak_tc.pool, p, cls);
+    pool_give(tc_self.pool, p, cls);
 }
 
 void pool_free_remote(void *p, struct pool_chunk *c) {
@@ -343,11 +343,11 @@ static bool pool_heap_tidy(struct pool_heap *h, bool all) {
 }
 
 void pool_thread_exit(void) {
-    struct pool_heap *h = hak_tc.pool;
+    struct pool_heap *h = tc_self.pool;
     if (h == NULL) return;
     tc_flush_all(POOL_FIRST, POOL_END, pool_give_back);
     pool_heap_tidy(h, false); /* the spares go with the heap to the next thread */
-    hak_tc.pool = NULL;
+    tc_self.pool = NULL;
     /* ...as far as the exited threads' spares stay within twice a heap's
      * bound together: with many threads gone, what is left goes back. */
     struct pool_chunk *drop = NULL;
@@ -376,9 +376,8 @@ void pool_thread_exit(void) {
 }
 
 bool pool_age(void) {
-    struct pool_heap *h = hak_tc.pool;
-    if (h == NULL || h->spares == NULL || hak_now_ms() - h->spare_ms < hak_cfg.bigcache_age_ms)
-        return false;
+    struct pool_heap *h = tc_self.pool;
+    if (h == NULL || h->spares == NULL || hak_now_ms() - h->spare_ms < hak_cfg.age_ms) return false;
     pool_spares_unmap(h); /* none taken or added for the age: the need has passed */
     return true;
 }
@@ -403,7 +402,7 @@ static void pool_each_parked(void (*visit)(struct pool_heap *, void *), void *ar
 }
 
 static void pool_age_one(struct pool_heap *h, void *arg) {
-    uint64_t *next = arg, age = hak_cfg.bigcache_age_ms;
+    uint64_t *next = arg, age = hak_cfg.age_ms;
     pool_heap_tidy(h, false);    /* blocks freed to it since its thread exited */
     uint64_t now = hak_now_ms(); /* (after the tidy, which may stamp spare_ms) */
     if (h->spares && now >= h->spare_ms && now - h->spare_ms >= age)
@@ -424,7 +423,7 @@ static void pool_trim_one(struct pool_heap *h, void *arg) {
 
 bool pool_trim(void) {
     bool any = false;
-    struct pool_heap *mine = hak_tc.pool;
+    struct pool_heap *mine = tc_self.pool;
     if (mine) {
         tc_flush_all(POOL_FIRST, POOL_END, pool_give_back);
         any |= pool_heap_tidy(mine, true);

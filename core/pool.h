@@ -107,7 +107,7 @@ HAK_INLINE void pool_free(void *p, uint32_t e, const char *fn) {
         return diag_reject(fn, h->state == POOL_FREE ? DIAG_DOUBLE_FREE : DIAG_INVALID_POINTER, p,
                            TIER_POOL, h->state == POOL_FREE ? small_class_size[h->cls] : 0);
     h->state = POOL_FREE;
-    if (hak_unlikely(c->owner != hak_tc.pool)) return pool_free_remote(p, c);
+    if (hak_unlikely(c->owner != tc_self.pool)) return pool_free_remote(p, c);
     if (hak_unlikely(!tc_push(h->cls, p))) pool_free_slow(p, h->cls);
 }
 
@@ -131,7 +131,7 @@ void pool_thread_exit(void);
  * true when a chunk was unmapped. */
 bool pool_trim(void);
 /* This thread's spare chunks go back to the OS when none was taken or added
- * for HAKMEM_BIGCACHE_AGE_MS; true when they did. */
+ * for HAKMEM_AGE_MS; true when they did. */
 bool pool_age(void);
 /* The background thread (front/background.c): the heaps of exited threads
  * take back the blocks freed to them since, and give their spare chunks back

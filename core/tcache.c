@@ -3,7 +3,7 @@
 #include "box/thread.h"
 #include "box/tier.h"
 
-__thread struct hak_tcache hak_tc;
+__thread struct tc_context tc_self;
 bool tc_off;
 
 bool tc_thread_start(void) {
@@ -11,16 +11,16 @@ bool tc_thread_start(void) {
      * read after arming, which acquires what start-up set before it.) */
     if (!thread_arm() || tc_off) return false;
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        hak_tc.cnt[cls].room = (int16_t)(hak_tc.cap[cls] = small_class_cap[cls]);
-    hak_tc.open = true;
+        tc_self.cnt[cls].room = (int16_t)(tc_self.cap[cls] = small_class_cap[cls]);
+    tc_self.open = true;
     return true;
 }
 
 void tc_thread_close(void) {
     /* The lists are empty by now: every tier flushed them. */
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++)
-        hak_tc.cnt[cls].room = (int16_t)(hak_tc.cap[cls] = 0);
-    hak_tc.open = false;
+        tc_self.cnt[cls].room = (int16_t)(tc_self.cap[cls] = 0);
+    tc_self.open = false;
 }
 
 static void tc_collect(enum tier_collect kind, struct tier_done *done) {

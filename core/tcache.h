@@ -15,7 +15,11 @@ struct tiny_heap;
 struct pool_heap;
 struct l25_heap;
 
-struct hak_tcache {
+/* A thread's context, `tc_self`: its cache lists with their counter words,
+ * and the heaps of the tiers that keep one per thread. One thread-local
+ * object, so that every field is a constant offset from the thread pointer
+ * on the fast paths. */
+struct tc_context {
     void *head[SMALL_NCLASSES]; /* free blocks, linked through word 0 */
     /* room is 0 while the caches are closed: until this thread's first slow
      * path (and again after its exit hook ran), so a thread's first free of
@@ -39,14 +43,14 @@ struct hak_tcache {
     int64_t armed[SMALL_NCLASSES]; /* that value + 1; 0: never armed */
 };
 
-extern HAK_HIDDEN __thread struct hak_tcache hak_tc;
+extern HAK_HIDDEN __thread struct tc_context tc_self;
 
 HAK_INLINE void *tc_pop(uint32_t cls) {
-    void *p = hak_tc.head[cls];
+    void *p = tc_self.head[cls];
     if (hak_likely(p != NULL)) {
         /* The countdown is due: the miss path (tc_due) undoes the add. */
-        if (hak_unlikely(tc_word_sub(&hak_tc.cnt[(size_t)cls], -TC_POP))) return NULL;
-        hak_tc.head[cls] = *(void **)p;
+        if (hak_unlikely(tc_word_sub(&tc_self.cnt[(size_t)cls], -TC_POP))) return NULL;
+        tc_self.head[cls] = *(void **)p;
     }
     return p;
 }
@@ -54,28 +58,28 @@ HAK_INLINE void *tc_pop(uint32_t cls) {
 /* Pop from a list a slow path just filled (not empty): the miss path
  * counted the allocation in the countdown already (tc_due). */
 static inline void *tc_pop_filled(uint32_t cls) {
-    void *p = hak_tc.head[cls];
-    hak_tc.head[cls] = *(void **)p;
-    hak_tc.cnt[cls].room++;
+    void *p = tc_self.head[cls];
+    tc_self.head[cls] = *(void **)p;
+    tc_self.cnt[cls].room++;
     return p;
 }
 
 /* The countdown of cls (tc_counts.h). */
 static inline int64_t tc_countdown(uint32_t cls) {
-    return tc_word_countdown(&hak_tc.cnt[cls]);
+    return tc_word_countdown(&tc_self.cnt[cls]);
 }
 
 /* On every miss of cls (a pop that returned NULL must come here): count
  * this allocation; true when it is the one the countdown points at. The
  * caller then calls tc_due_undo, samples it or not, and calls tc_rearm. */
 HAK_INLINE bool tc_due(uint32_t cls) {
-    return tc_word_sub(&hak_tc.cnt[(size_t)cls], (int64_t)1 << TC_CD_SHIFT);
+    return tc_word_sub(&tc_self.cnt[(size_t)cls], (int64_t)1 << TC_CD_SHIFT);
 }
 
 /* After tc_due said true: the countdown back at 0, and room as it was
  * before the pop that found it due, if one did. */
 static inline void tc_due_undo(uint32_t cls) {
-    tc_word_undo_due(&hak_tc.cnt[cls]);
+    tc_word_undo_due(&tc_self.cnt[cls]);
 }
 
 /* Start the next countdown of cls (it is at 0, tc_due_undo): cd >= 0
@@ -83,28 +87,28 @@ static inline void tc_due_undo(uint32_t cls) {
  * the thread's first allocation of the class (countdowns start at 0,
  * unarmed): that one is no sample. */
 static inline bool tc_rearm(uint32_t cls, int64_t cd) {
-    int64_t was = hak_tc.armed[cls];
-    if (cls < TINY_NCLASSES && was != 0) hak_tc.allocs[cls] += (uint64_t)(was - 1);
-    hak_tc.armed[cls] = cd + 1;
-    tc_word_add_countdown(&hak_tc.cnt[cls], cd);
+    int64_t was = tc_self.armed[cls];
+    if (cls < TINY_NCLASSES && was != 0) tc_self.allocs[cls] += (uint64_t)(was - 1);
+    tc_self.armed[cls] = cd + 1;
+    tc_word_add_countdown(&tc_self.cnt[cls], cd);
     return was != 0;
 }
 
 /* The due allocation is served from the class after all (not sampled): it
  * counts, and its pop (or miss) takes back this one, not the countdown's. */
 static inline void tc_serve_due(uint32_t cls) {
-    hak_tc.armed[cls]++;
-    tc_word_add_countdown(&hak_tc.cnt[cls], 1);
+    tc_self.armed[cls]++;
+    tc_word_add_countdown(&tc_self.cnt[cls], 1);
 }
 
 /* Tiny allocs of cls counted since the last call. */
 static inline uint64_t tc_take_allocs(uint32_t cls) {
-    uint64_t n = hak_tc.allocs[cls];
-    hak_tc.allocs[cls] = 0;
-    if (hak_tc.armed[cls] != 0) {
+    uint64_t n = tc_self.allocs[cls];
+    tc_self.allocs[cls] = 0;
+    if (tc_self.armed[cls] != 0) {
         int64_t cd = tc_countdown(cls);
-        n += (uint64_t)(hak_tc.armed[cls] - 1 - cd);
-        hak_tc.armed[cls] = cd + 1;
+        n += (uint64_t)(tc_self.armed[cls] - 1 - cd);
+        tc_self.armed[cls] = cd + 1;
     }
     return n;
 }
@@ -115,51 +119,51 @@ static inline uint64_t tc_take_allocs(uint32_t cls) {
  * fast path a register and two instructions. */
 HAK_INLINE bool tc_push(uint32_t cls, void *p) {
     size_t c = cls; /* (one zero extension for both uses) */
-    if (hak_unlikely(tc_word_room_take(&hak_tc.cnt[c]))) return false;
-    *(void **)p = hak_tc.head[c];
-    hak_tc.head[c] = p;
+    if (hak_unlikely(tc_word_room_take(&tc_self.cnt[c]))) return false;
+    *(void **)p = tc_self.head[c];
+    tc_self.head[c] = p;
     return true;
 }
 
 /* Undo the overdraft of a tc_push that returned false. */
 static inline void tc_refund(uint32_t cls) {
-    hak_tc.cnt[cls].room++;
+    tc_self.cnt[cls].room++;
 }
 
 /* Blocks on the list of cls. */
 static inline uint32_t tc_count(uint32_t cls) {
-    return (uint32_t)hak_tc.cap[cls] - (uint32_t)hak_tc.cnt[cls].room;
+    return (uint32_t)tc_self.cap[cls] - (uint32_t)tc_self.cnt[cls].room;
 }
 
 /* The list of cls is empty: make the NULL-terminated chain of n blocks
  * (n <= room) at first its list. */
 static inline void tc_fill(uint32_t cls, void *first, uint32_t n) {
-    hak_tc.head[cls] = first;
-    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room - n);
+    tc_self.head[cls] = first;
+    tc_self.cnt[cls].room = (int16_t)(tc_self.cnt[cls].room - n);
 }
 
 /* Put a chain first..last of n blocks (n <= room) in front of the list of cls. */
 static inline void tc_push_chain(uint32_t cls, void *first, void *last, uint32_t n) {
-    *(void **)last = hak_tc.head[cls];
-    hak_tc.head[cls] = first;
-    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room - n);
+    *(void **)last = tc_self.head[cls];
+    tc_self.head[cls] = first;
+    tc_self.cnt[cls].room = (int16_t)(tc_self.cnt[cls].room - n);
 }
 
 /* Detach the first n (<= count) blocks of cls; returns the first, *last the
  * last (its link is left as it was). */
 static inline void *tc_take(uint32_t cls, uint32_t n, void **last) {
-    void *first = hak_tc.head[cls], *b = first;
+    void *first = tc_self.head[cls], *b = first;
     for (uint32_t i = 1; i < n; i++)
         b = *(void **)b;
-    hak_tc.head[cls] = *(void **)b;
-    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + n);
+    tc_self.head[cls] = *(void **)b;
+    tc_self.cnt[cls].room = (int16_t)(tc_self.cnt[cls].room + n);
     *last = b;
     return first;
 }
 
 /* Half a capacity: the batch a refill brings and a flush gives back. */
 static inline uint32_t tc_batch(uint32_t cls) {
-    return hak_tc.cap[cls] / 2u;
+    return tc_self.cap[cls] / 2u;
 }
 
 /* ---- blocks back to their tier: the one flush protocol -------------------- */
@@ -201,7 +205,7 @@ static inline void tc_flush_all(uint32_t first, uint32_t end, tc_give_fn *give) 
  * push (tiny.c). Pool gives p alone back: its misses take one block, not a
  * batch (pool.c). */
 static inline void tc_overflow(uint32_t cls, void *p, tc_give_fn *give) {
-    if (!hak_tc.open) {
+    if (!tc_self.open) {
         *(void **)p = NULL;
         give(cls, p, 1);
         return;
@@ -214,8 +218,8 @@ static inline void tc_overflow(uint32_t cls, void *p, tc_give_fn *give) {
 /* The capacity of cls set to cap (its room with it): the list holds no more
  * than cap blocks now. */
 static inline void tc_set_cap(uint32_t cls, uint32_t cap) {
-    hak_tc.cnt[cls].room = (int16_t)(hak_tc.cnt[cls].room + ((int32_t)cap - hak_tc.cap[cls]));
-    hak_tc.cap[cls] = (uint16_t)cap;
+    tc_self.cnt[cls].room = (int16_t)(tc_self.cnt[cls].room + ((int32_t)cap - tc_self.cap[cls]));
+    tc_self.cap[cls] = (uint16_t)cap;
 }
 
 /* A list grows to TC_GROW_BYTES of blocks at most (and TC_GROW_MAX blocks:
@@ -239,13 +243,13 @@ static inline void tc_set_cap(uint32_t cls, uint32_t cap) {
  * and refill would move half a list between the list and the slabs, a walk
  * of every block twice, where a list that holds the batch moves nothing. */
 static inline bool tc_grow(uint32_t cls) {
-    uint32_t cap = hak_tc.cap[cls], most = TC_GROW_BYTES / small_class_size[cls];
+    uint32_t cap = tc_self.cap[cls], most = TC_GROW_BYTES / small_class_size[cls];
     if (most > TC_GROW_MAX) most = TC_GROW_MAX;
     if (cap >= most) return false;
     uint32_t grown = 2 * cap < most ? 2 * cap : most, more = grown - cap;
     for (uint32_t c = 0; c < TINY_NCLASSES; c++) /* (only Tiny lists grow) */
-        if (hak_tc.cap[c] > small_class_cap[c])
-            more += (uint32_t)(hak_tc.cap[c] - small_class_cap[c]);
+        if (tc_self.cap[c] > small_class_cap[c])
+            more += (uint32_t)(tc_self.cap[c] - small_class_cap[c]);
     if (more > TC_GROW_BUDGET) return false;
     tc_set_cap(cls, grown);
     return true;
@@ -253,7 +257,7 @@ static inline bool tc_grow(uint32_t cls) {
 
 /* The list of cls, empty, back to its first capacity. */
 static inline void tc_shrink(uint32_t cls) {
-    if (hak_tc.open && hak_tc.cap[cls] > small_class_cap[cls])
+    if (tc_self.open && tc_self.cap[cls] > small_class_cap[cls])
         tc_set_cap(cls, small_class_cap[cls]);
 }
 

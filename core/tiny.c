@@ -168,7 +168,7 @@ static uint32_t tiny_take(struct ss_slab *s, uint32_t cls, uint32_t want) {
     if (s->free == NULL) tiny_drain(s);
     uint32_t n = (uint32_t)(s->carved - s->used); /* the free list's length */
     void *first = s->free, *last;
-    if (n != 0 && n <= (uint32_t)hak_tc.cnt[cls].room) {
+    if (n != 0 && n <= (uint32_t)tc_self.cnt[cls].room) {
         /* The whole list becomes the cache as it stands: no walk, whose every
          * step would be a cache miss on a block freed long ago. */
         s->free = NULL;
@@ -317,15 +317,15 @@ static struct ss_slab *tiny_next_slab(struct tiny_heap *h, uint32_t cls) {
 }
 
 void *tiny_alloc_slow(uint32_t cls) {
-    struct tiny_heap *h = hak_tc.heap;
-    if (h == NULL && (h = hak_tc.heap = tiny_heap_get()) == NULL) {
+    struct tiny_heap *h = tc_self.heap;
+    if (h == NULL && (h = tc_self.heap = tiny_heap_get()) == NULL) {
         errno = ENOMEM;
         return NULL;
     }
     /* Pre-warm: a thread's first refill of a class asks for the whole cache
      * (a fresh slab gives what its first page holds); later ones for half,
      * leaving the other half for frees. */
-    uint32_t want = h->warm[cls] ? tc_batch(cls) : (uint32_t)hak_tc.cnt[cls].room;
+    uint32_t want = h->warm[cls] ? tc_batch(cls) : (uint32_t)tc_self.cnt[cls].room;
     h->warm[cls] = true;
     struct ss_slab *s = h->cur[cls];
     while (s == NULL || tiny_take(s, cls, want) == 0) {
@@ -400,7 +400,7 @@ static void tiny_remote_push(struct ss_slab *s, void *first, void *last, uint32_
  * one compare of the slot it lies in). A run of a slab another thread owns,
  * or none, goes onto its remote list, to be counted when drained. */
 static void tiny_give_back(uint32_t cls, void *b, uint32_t n) {
-    struct tiny_heap *h = hak_tc.heap; /* (NULL: every block is another's, or none's) */
+    struct tiny_heap *h = tc_self.heap; /* (NULL: every block is another's, or none's) */
     void *last;
     uint32_t own = 0;
     tiny_flow.flushed[cls] += n;
@@ -460,7 +460,7 @@ static void tiny_free_uncached(void *p, struct ss_slab *s) {
  * Owner only: called with h == NULL, everything it holds is others'. */
 #define TINY_FOREIGN_CAP 16u
 static void tiny_fit_cap(struct tiny_heap *h, uint32_t cls) {
-    uint32_t first = small_class_cap[cls], cap = hak_tc.cap[cls];
+    uint32_t first = small_class_cap[cls], cap = tc_self.cap[cls];
     if (h != NULL && !h->passed_on[cls]) {
         if (cap < first) tc_set_cap(cls, first);
         return;
@@ -475,7 +475,7 @@ static void tiny_fit_cap(struct tiny_heap *h, uint32_t cls) {
 void tiny_free_slow(void *p, struct ss_slab *s) {
     uint32_t cls = s->cls;
     tc_refund(cls);
-    if (hak_unlikely(!hak_tc.open)) {
+    if (hak_unlikely(!tc_self.open)) {
         /* A thread's first free before any slow path of its own (one that
          * only frees what others allocate) arms its exit hook here, which
          * will give back what its cache then holds. */
@@ -487,7 +487,7 @@ void tiny_free_slow(void *p, struct ss_slab *s) {
      * since it was last full, the list is too small for the thread's
      * batches: it grows (tc_grow). Otherwise (or at its bound) half goes
      * back. Then it keeps p. */
-    struct tiny_heap *h = hak_tc.heap;
+    struct tiny_heap *h = tc_self.heap;
     bool grew = false;
     if (h != NULL) {
         grew = h->refilled[cls] && !h->passed_on[cls] && tc_grow(cls);
@@ -555,7 +555,7 @@ static void tiny_heap_exit(struct tiny_heap *h) {
         ss_retire_idle(h->idle[i]);
     if (h->nidle > TINY_IDLE_MAX) ss_retire_all_idle();
     h->nidle = 0;
-    hak_tc.heap = NULL;
+    tc_self.heap = NULL;
     atomic_fetch_add_explicit(&h->exits, 1, memory_order_seq_cst);
     lf_push(&tiny_heaps, h, TINY_HEAP_LINK);
 }
@@ -564,7 +564,7 @@ void tiny_thread_exit(void) {
     tiny_merge_counts();
     /* (A thread without a heap may cache other threads' blocks.) */
     tc_flush_all(0, TINY_NCLASSES, tiny_give_back);
-    if (hak_tc.heap) tiny_heap_exit(hak_tc.heap);
+    if (tc_self.heap) tiny_heap_exit(tc_self.heap);
     ss_flush_counts(); /* last: nothing above is left pending */
 }
 
@@ -588,10 +588,10 @@ static bool tiny_sweep_orphans(void) {
 
 void tiny_age(void) {
     if (atomic_load_explicit(&tiny_orphans_fed, memory_order_relaxed)) tiny_sweep_orphans();
-    struct tiny_heap *h = hak_tc.heap;
+    struct tiny_heap *h = tc_self.heap;
     if (h == NULL) return; /* (only a heap's lists grow) */
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
-        if (hak_tc.cap[cls] <= small_class_cap[cls]) continue;
+        if (tc_self.cap[cls] <= small_class_cap[cls]) continue;
         if (h->grew[cls]) { /* (in use: its batches grew it this age) */
             h->grew[cls] = false;
             continue;
@@ -603,7 +603,7 @@ void tiny_age(void) {
 
 bool tiny_trim(void) {
     bool any = false;
-    struct tiny_heap *h = hak_tc.heap;
+    struct tiny_heap *h = tc_self.heap;
     for (uint32_t cls = 0; cls < TINY_NCLASSES; cls++) {
         tc_flush_list(cls, tiny_give_back);
         if (h == NULL) continue; /* (other threads' blocks in its cache, at most) */

@@ -109,7 +109,7 @@ bool tiny_trim(void);
 /* This thread's lists grown for batches (tc_grow) and not grown again
  * since the last call: emptied, back to their first capacity (a grown list
  * keeps up to TC_GROW_BYTES of blocks, each holding its slab). Every
- * HAKMEM_BIGCACHE_AGE_MS at most, from the thread's own calls. */
+ * HAKMEM_AGE_MS at most, from the thread's own calls. */
 void tiny_age(void);
 
 struct tiny_class_stats {

@@ -6,7 +6,7 @@
 #                  core/sizeclass.h, include/hakmem.h
 #   1  superslab   core/superslab/
 #   2  tcache      core/tcache.h, core/tcache.c, core/tc_counts.h
-#   3  tiers       core/tiny.*, core/pool.*, core/l25.*, core/large.* or core/large/,
+#   3  tiers       core/tiny.*, core/pool.*, core/l25/, core/large/,
 #                  core/check.* or core/check/ (each a module of its own)
 #   4  front       core/front/
 #

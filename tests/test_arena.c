@@ -130,8 +130,8 @@ static void test_tiers_map_nothing(void **state) {
     /* Pool chunks, L2.5 bundles and SuperSlabs: not one mmap between them.
      * (No ageing meanwhile: what an earlier test left unused for twice the
      * age is unmapped then, a mapping of its own, on a slow build's clock.) */
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 3600 * 1000;
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 3600 * 1000;
     free(malloc(100));
     free(malloc(20000));
     free(malloc(300000));
@@ -148,7 +148,7 @@ static void test_tiers_map_nothing(void **state) {
             free(p[i]);
     }
     uint64_t calls = os_calls(OS_MMAP);
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     assert_int_equal(calls, mm);
     struct arena_stats s;
     arena_get_stats(&s);

@@ -8,7 +8,7 @@
  * (128 MB under TSan) in every tier's sizes from two threads, all of it
  * written, freed, the threads gone; then nothing calls the allocator. With
  * the thread, RSS must fall below twice the live set within twice
- * HAKMEM_BIGCACHE_AGE_MS (200 ms here); without it, it must not (what falls
+ * HAKMEM_AGE_MS (200 ms here); without it, it must not (what falls
  * then is what the tiers give back as the frees come: whole SuperSlabs,
  * Pool chunks beyond the spares, Large mappings beyond the BigCache).
  *
@@ -497,7 +497,7 @@ static void exec_self(void *arg) {
         unsetenv("HAKMEM_BACKGROUND");
     char age[16];
     snprintf(age, sizeof age, "%d", AGE_MS);
-    setenv("HAKMEM_BIGCACHE_AGE_MS", age, 1);
+    setenv("HAKMEM_AGE_MS", age, 1);
     exec_self_as(s->mode);
 }
 

@@ -35,6 +35,7 @@ static int defaults(void **state) {
     unsetenv("HAKMEM_BIGCACHE_MB");
     unsetenv("HAKMEM_POOL_ARENA_MB_INIT");
     unsetenv("HAKMEM_POOL_ARENA_MB_MAX");
+    unsetenv("HAKMEM_AGE_MS");
     unsetenv("HAKMEM_BIGCACHE_AGE_MS");
     unsetenv("HAKMEM_HUGEPAGES");
     unsetenv("HAKMEM_BACKTRACE");
@@ -43,7 +44,7 @@ static int defaults(void **state) {
     hak_cfg.stats_file = NULL;
     hak_cfg.background = false;
     hak_cfg.backtrace = false;
-    hak_cfg.bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT;
+    hak_cfg.age_ms = HAK_CFG_AGE_MS_DEFAULT;
     hak_cfg.hugepages = HAK_HUGE_LARGE;
     hak_cfg.bigcache_bytes = (size_t)128 << 20;
     hak_cfg.pool_arena_mb_init = 1;
@@ -56,7 +57,7 @@ static void test_valid_values_taken(void **state) {
     char err[512];
     setenv("HAKMEM_STATS", "1", 1);
     setenv("HAKMEM_BIGCACHE_MB", "128", 1);
-    setenv("HAKMEM_BIGCACHE_AGE_MS", "400", 1);
+    setenv("HAKMEM_AGE_MS", "400", 1);
     setenv("HAKMEM_HUGEPAGES", "0", 1);
     setenv("HAKMEM_BACKTRACE", "1", 1);
     setenv("HAKMEM_BACKGROUND", "1", 1); /* (read only: the thread starts in the constructor) */
@@ -65,7 +66,7 @@ static void test_valid_values_taken(void **state) {
     assert_true(hak_cfg.backtrace);
     assert_true(hak_cfg.background);
     assert_true(hak_cfg.stats);
-    assert_int_equal(hak_cfg.bigcache_age_ms, 400);
+    assert_int_equal(hak_cfg.age_ms, 400);
     assert_int_equal(hak_cfg.hugepages, HAK_HUGE_OFF);
     assert_int_equal(hak_cfg.bigcache_bytes, (size_t)128 << 20);
     setenv("HAKMEM_HUGEPAGES", "2", 1); /* every heap */
@@ -92,16 +93,31 @@ static void test_bad_values_warn_and_keep_default(void **state) {
     assert_non_null(strstr(err, "HAKMEM_BIGCACHE_MB"));
     assert_int_equal(hak_cfg.bigcache_bytes, (size_t)128 << 20);
     unsetenv("HAKMEM_BIGCACHE_MB");
-    setenv("HAKMEM_BIGCACHE_AGE_MS", "0", 1); /* 0 would decommit at once: not allowed */
+    setenv("HAKMEM_AGE_MS", "0", 1); /* 0 would decommit at once: not allowed */
     setenv("HAKMEM_HUGEPAGES", "3", 1);
     setenv("HAKMEM_BACKGROUND", "2", 1);
     load_capturing(err, sizeof err);
-    assert_non_null(strstr(err, "HAKMEM_BIGCACHE_AGE_MS"));
+    assert_non_null(strstr(err, "HAKMEM_AGE_MS"));
     assert_non_null(strstr(err, "HAKMEM_HUGEPAGES"));
     assert_non_null(strstr(err, "HAKMEM_BACKGROUND"));
     assert_false(hak_cfg.background);
-    assert_int_equal(hak_cfg.bigcache_age_ms, HAK_CFG_AGE_MS_DEFAULT);
+    assert_int_equal(hak_cfg.age_ms, HAK_CFG_AGE_MS_DEFAULT);
     assert_int_equal(hak_cfg.hugepages, HAK_HUGE_LARGE); /* the default kept */
+}
+
+/* The age's old name, HAKMEM_BIGCACHE_AGE_MS, is still read; the new one
+ * wins when both are set. */
+static void test_age_old_name_still_read(void **state) {
+    (void)state;
+    char err[512];
+    setenv("HAKMEM_BIGCACHE_AGE_MS", "700", 1);
+    load_capturing(err, sizeof err);
+    assert_string_equal(err, "");
+    assert_int_equal(hak_cfg.age_ms, 700);
+    setenv("HAKMEM_AGE_MS", "300", 1);
+    load_capturing(err, sizeof err);
+    assert_string_equal(err, "");
+    assert_int_equal(hak_cfg.age_ms, 300);
 }
 
 /* HAKMEM_STATS=json: the JSON report; HAKMEM_STATS_FILE: where it goes,
@@ -228,6 +244,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_valid_values_taken, defaults),
         cmocka_unit_test_setup(test_bad_values_warn_and_keep_default, defaults),
+        cmocka_unit_test_setup(test_age_old_name_still_read, defaults),
         cmocka_unit_test_setup(test_stats_json_and_file, defaults),
         cmocka_unit_test_setup(test_pool_arena_sizes, defaults),
         cmocka_unit_test(test_settings_read_after_preinit_malloc),

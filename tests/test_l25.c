@@ -120,7 +120,7 @@ static void test_cached_blocks_do_not_pin_bundles(void **state) {
 static void locked_recut_child(void *arg) {
     (void)arg;
     if (!maps_mlockall(MCL_CURRENT | MCL_FUTURE)) _exit(77); /* not allowed here */
-    hak_cfg.bigcache_age_ms = 1;
+    hak_cfg.age_ms = 1;
     enum { A = 256 << 10, B = 192 << 10, N = 64 }; /* 7 and 10 a 2 MiB bundle */
     static void *p[N];
     for (int i = 0; i < N; i++) {
@@ -364,11 +364,11 @@ static size_t resident_blocks(uint8_t **b, int n, size_t size) {
     return r;
 }
 
-/* One attempt at the age hak_cfg.bigcache_age_ms: NULL when judged, else
+/* One attempt at the age hak_cfg.age_ms: NULL when judged, else
  * (the machine too slow or busy for the age: see below) not. */
 static void *bundle_cycle(void *arg) {
     (void)arg;
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.age_ms;
     /* 256 KiB blocks, 7 a bundle (the stride is 256 KiB + 64): four
      * bundles. */
     enum { N = 24 };
@@ -414,11 +414,11 @@ static void *bundle_cycle(void *arg) {
 
 static void test_empty_bundles_decommitted(void **state) {
     (void)state;
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.age_ms;
     /* From 40 ms, twice as long each time the machine was too slow. */
     bool judged = false;
     for (int i = 0; i < 6 && !judged; i++) {
-        hak_cfg.bigcache_age_ms = (uint64_t)40 << i;
+        hak_cfg.age_ms = (uint64_t)40 << i;
         pthread_t t;
         void *missed;
         assert_int_equal(pthread_create(&t, NULL, bundle_cycle, NULL), 0);
@@ -426,11 +426,11 @@ static void test_empty_bundles_decommitted(void **state) {
         judged = missed == NULL;
         if (!judged) {
             print_message("age %llu ms: the frees took longer: again with twice the age\n",
-                          (unsigned long long)hak_cfg.bigcache_age_ms);
+                          (unsigned long long)hak_cfg.age_ms);
             malloc_trim(0); /* (the empty bundles unmapped: the next cycle maps its own) */
         }
     }
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     if (!judged) fail_msg("the machine was too slow or busy for every age tried (to 1.28 s)");
 }
 
@@ -729,14 +729,14 @@ static void test_concurrent_empty_bundles(void **state) {
     /* Threads empty and refill bundles of shared shards while empty ones
      * age out within a millisecond: decommits, parks and unmaps race with
      * takes. Afterwards every bundle is accounted for. */
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 1;
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 1;
     pthread_t t[6];
     for (int i = 0; i < 6; i++)
         assert_int_equal(pthread_create(&t[i], NULL, churn, NULL), 0);
     for (int i = 0; i < 6; i++)
         pthread_join(t[i], NULL);
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     malloc_trim(0);
     struct l25_stats st = stats();
     assert_int_equal(st.carved_bytes, 0);
@@ -906,8 +906,8 @@ static void *empty_bundles(void *arg) {
 static void test_exited_threads_empty_bundles_age(void **state) {
     (void)state;
     malloc_trim(0);
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 40;
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 40;
     uint8_t *b[21];
     uint64_t decommits = stats().decommits;
     run_in_thread(empty_bundles, &(struct bundles_of){b, 21});
@@ -921,7 +921,7 @@ static void test_exited_threads_empty_bundles_age(void **state) {
         nanosleep(&ts, NULL);
         l25_age(); /* the tier's pass, when due: what any thread's calls make */
     }
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     assert_int_equal(resident_blocks(b, 21, 256 << 10), 0);
     assert_true(stats().decommits >= decommits + 3);
     malloc_trim(0);
@@ -938,14 +938,14 @@ enum { THIRTY = 7 * 30 }; /* 256 KiB blocks, 7 a bundle */
 static void test_exited_threads_bundles_keep_pages(void **state) {
     (void)state;
     malloc_trim(0);
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 3600000; /* (no ageing while it runs) */
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 3600000; /* (no ageing while it runs) */
     static uint8_t *b[THIRTY];
     run_in_thread(empty_bundles, &(struct bundles_of){b, THIRTY});
     size_t resident = resident_blocks(b, THIRTY, 256 << 10);
     uint64_t mapped = stats().bundles_mapped;
     run_in_thread(empty_bundles, &(struct bundles_of){b, THIRTY});
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     assert_int_equal(resident, THIRTY);
     assert_int_equal(stats().bundles_mapped, mapped);
     malloc_trim(0);
@@ -959,14 +959,14 @@ static void test_exited_threads_bundles_keep_pages(void **state) {
 static void test_exited_threads_bundles_keep_bounded_pages(void **state) {
     (void)state;
     malloc_trim(0);
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.age_ms;
     size_t bound = hak_cfg.bigcache_bytes;
-    hak_cfg.bigcache_age_ms = 3600000;        /* (no ageing while it runs) */
+    hak_cfg.age_ms = 3600000;        /* (no ageing while it runs) */
     hak_cfg.bigcache_bytes = (size_t)8 << 20; /* 16 MiB of spares: 8 bundles */
     static uint8_t *b[THIRTY];
     run_in_thread(empty_bundles, &(struct bundles_of){b, THIRTY});
     size_t resident = resident_blocks(b, THIRTY, 256 << 10);
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     hak_cfg.bigcache_bytes = bound;
     assert_true(resident <= 8 * 7);
     malloc_trim(0);
@@ -1129,8 +1129,8 @@ static void aligned_call(void) {
 
 static void test_shard_purge_outside_its_lock(void **state) {
     (void)state;
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 3600 * 1000; /* no ageing pass takes them first */
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 3600 * 1000; /* no ageing pass takes them first */
     uint8_t *blk[8];
     for (int i = 0; i < 8; i++) {
         assert_int_equal(posix_memalign((void **)&blk[i], 4096, PURGE_SIZE), 0);
@@ -1146,7 +1146,7 @@ static void test_shard_purge_outside_its_lock(void **state) {
     /* (Served by the bundle's untouched blocks, which the purge leaves in:
      * not a bundle mapped beside the ones out, nor a wait for them.) */
     assert_int_equal(stats().bundles_mapped, mapped);
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     for (int i = 0; i < 8; i += 2)
         free(blk[i]);
 }
@@ -1183,8 +1183,8 @@ static void *purge_race_worker(void *arg) {
 
 static void test_shard_purge_races_aligned_calls(void **state) {
     (void)state;
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 2; /* a pass every few calls */
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 2; /* a pass every few calls */
     pthread_t t[3];
     atomic_store(&purge_race_stop, false);
     for (uintptr_t i = 0; i < 3; i++)
@@ -1197,7 +1197,7 @@ static void test_shard_purge_races_aligned_calls(void **state) {
     atomic_store(&purge_race_stop, true);
     for (int i = 0; i < 3; i++)
         assert_int_equal(pthread_join(t[i], NULL), 0);
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
 }
 
 /* A pass over the parked heaps (a trim's, the background thread's) makes
@@ -1222,11 +1222,11 @@ static void first_l25_call(void) {
 
 static void test_parked_heaps_passed_outside_the_lock(void **state) {
     (void)state;
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 3600 * 1000; /* no ageing takes them first */
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 3600 * 1000; /* no ageing takes them first */
     run_in_thread(park_owner, NULL);
     trim_probed(bundle_of(park_live[0]), first_l25_call);
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     for (int i = 0; i < 4; i++)
         free(park_live[i]);
 }
@@ -1257,8 +1257,8 @@ static void child_trims(void *arg) {
 
 static void test_fork_inside_parked_pass(void **state) {
     (void)state;
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 3600 * 1000;
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 3600 * 1000;
     run_in_thread(park_owner, NULL);
     struct l25_bundle *b = bundle_of(park_live[0]);
     probe.lo = b->base;
@@ -1277,7 +1277,7 @@ static void test_fork_inside_parked_pass(void **state) {
     atomic_store(&fork_release, 1);
     assert_int_equal(pthread_join(t, NULL), 0);
     atomic_store(&os_decommit_hook, NULL);
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     assert_true(inside); /* the trim reached the parked heap */
     assert_not_hung(&d);
     assert_true(WIFEXITED(d.status) && WEXITSTATUS(d.status) == 0);
@@ -1288,7 +1288,7 @@ static void test_fork_inside_parked_pass(void **state) {
 /* The ageing pass keeps the L25_KEEP_FREE lowest free blocks with pages of a
  * shard's first bundle (the next refills take them) and gives back the
  * other free blocks' pages: in a fresh process (the pass's clock is its
- * own), with HAKMEM_BIGCACHE_AGE_MS=20, one aligned bundle, its odd blocks
+ * own), with HAKMEM_AGE_MS=20, one aligned bundle, its odd blocks
  * freed, up to the first pass that gives pages back. Prints "kept K purged
  * P". */
 #define KEEP_N 10
@@ -1326,7 +1326,7 @@ static int keep_main(void) {
 
 static void exec_keep(void *arg) {
     (void)arg;
-    setenv("HAKMEM_BIGCACHE_AGE_MS", "20", 1);
+    setenv("HAKMEM_AGE_MS", "20", 1);
     exec_self_as("--keep");
 }
 

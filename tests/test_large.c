@@ -81,7 +81,7 @@ static int reset(void **state) {
     (void)state;
     hak_cfg.large_tcache_bytes = 0;
     hak_cfg.bigcache_bytes = 64 * MiB;
-    hak_cfg.bigcache_age_ms = 60000; /* nothing ages during a test unless it says so */
+    hak_cfg.age_ms = 60000; /* nothing ages during a test unless it says so */
     hak_cfg.hugepages = HAK_HUGE_OFF;
     malloc_trim(0);
     return 0;
@@ -391,12 +391,12 @@ static void test_bigcache_other_shards_age(void **state) {
     (void)state;
     uint8_t *p = malloc(5 * MiB);
     memset(p, 1, 5 * MiB);
-    hak_cfg.bigcache_age_ms = 20;
+    hak_cfg.age_ms = 20;
     /* A thread that is gone: nobody calls into its shard. */
     assert_ptr_equal(on_a_thread(free_resident, p), p);
     /* The next thread's calls look at every shard's ages. */
     assert_null(on_a_thread(call_until_decommitted, p));
-    hak_cfg.bigcache_age_ms = 60000;
+    hak_cfg.age_ms = 60000;
 }
 
 static void test_cache_bounds_entries(void **state) {
@@ -445,7 +445,7 @@ static void sleep_ms(long ms) {
 
 /* One attempt at `age`; false when the window was missed (cleaned up). */
 static bool decommitted_then_unmapped(uint64_t age) {
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     /* Freed later to make the tier look at the ages (a malloc would take
      * the cached entry instead). */
     uint8_t *tick1 = malloc(9 * MiB), *tick2 = malloc(20 * MiB);
@@ -517,7 +517,7 @@ static void test_calloc_over_an_old_colour_is_zero(void **state) {
     skip(); /* (no interposed clock there) */
 #else
     const int64_t age = 100;
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     uint8_t *tick = malloc(9 * MiB);
     const size_t n1 = 400 * 4096 + 1 - 64, n2 = 400 * 4096 - 64;
     uint8_t *p = malloc(n1); /* slack in its last page: a colour */
@@ -669,7 +669,7 @@ static void test_locked_entries_not_reported_decommitted(void **state) {
          * tested: then again with twice the age (see AGE_TRIES). */
         uint64_t age = 30;
         for (int i = 0; i < AGE_TRIES; i++, age *= 2) {
-            hak_cfg.bigcache_age_ms = age;
+            hak_cfg.age_ms = age;
             uint8_t *p = malloc(4 * MiB);
             memset(p, 0xab, 4 * MiB);
             uint64_t f0 = hak_now_ms();
@@ -1306,7 +1306,7 @@ static void spares_bounded_counted_trimmed(void *arg) {
     /* Without the background thread, spares unused for the age go to the
      * BigCache on the tier's own look at its ages, and age there. */
     malloc_trim(0);
-    hak_cfg.bigcache_age_ms = 20;
+    hak_cfg.age_ms = 20;
     uint8_t *r = large_alloc_sampled(3000, 16, false, 3000, true);
     memset(r, 7, 3000);
     free(r);
@@ -1320,7 +1320,7 @@ static void spares_bounded_counted_trimmed(void *arg) {
         free(malloc(3 * MiB)); /* a call of the tier: it looks at the ages */
     }
     CHILD_CHECK(!maps_resident(r)); /* decommitted in the BigCache */
-    hak_cfg.bigcache_age_ms = 60000;
+    hak_cfg.age_ms = 60000;
     /* With caching off, no spare is kept either: the free unmaps. */
     hak_cfg.bigcache_bytes = 0;
     q = large_alloc_sampled(3000, 16, false, 3000, true);
@@ -1611,7 +1611,7 @@ static void idler_stop(pthread_t t) {
  * it. */
 static void test_idle_thread_cache_ages(void **state) {
     (void)state;
-    hak_cfg.bigcache_age_ms = 20;
+    hak_cfg.age_ms = 20;
     uint8_t *p = NULL;
     pthread_t t;
     idler_start(&t, &p);
@@ -1620,7 +1620,7 @@ static void test_idle_thread_cache_ages(void **state) {
     large_age_next();
     assert_false(maps_resident(p + MiB));
     idler_stop(t);
-    hak_cfg.bigcache_age_ms = 60000;
+    hak_cfg.age_ms = 60000;
 }
 
 static void *free_and_exit(void *arg) {
@@ -1774,7 +1774,7 @@ static void *tc_race_owner(void *arg) {
 
 static void test_thread_cache_owner_races_ager_and_trim(void **state) {
     (void)state;
-    hak_cfg.bigcache_age_ms = 1;
+    hak_cfg.age_ms = 1;
     uint64_t live = lstats().live_blocks;
     atomic_store(&tc_race_done, false);
     pthread_t t;
@@ -1786,7 +1786,7 @@ static void test_thread_cache_owner_races_ager_and_trim(void **state) {
             large_age_next();
     }
     assert_int_equal(pthread_join(t, NULL), 0);
-    hak_cfg.bigcache_age_ms = 60000;
+    hak_cfg.age_ms = 60000;
     malloc_trim(0);
     struct large_stats s = lstats();
     assert_int_equal(s.live_blocks, live);
@@ -1850,7 +1850,7 @@ static void in_handler_child(void *arg) {
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     CHILD_CHECK(sigaction(SIGUSR1, &sa, NULL) == 0);
-    if (c->ageing) hak_cfg.bigcache_age_ms = 1;
+    if (c->ageing) hak_cfg.age_ms = 1;
     sig_target = pthread_self();
     free(malloc(2 * MiB)); /* this thread's cache claimed */
     pthread_t t;

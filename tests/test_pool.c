@@ -68,7 +68,7 @@ static void *grow_thread(void *arg) {
         assert_non_null(b[i]);
         memset(b[i], i & 0xff, 40000);
         struct pool_chunk *c = chunk_of(b[i]);
-        assert_ptr_equal(c->owner, hak_tc.pool); /* found from the address alone */
+        assert_ptr_equal(c->owner, tc_self.pool); /* found from the address alone */
         assert_int_equal((uintptr_t)c & (HAK_REGION_SIZE - 1), 0);
         assert_true((uint8_t *)b[i] > (uint8_t *)c && (uint8_t *)b[i] + 40000 <= c->end);
         assert_int_equal(malloc_usable_size(b[i]), small_class_size[small_class_of(40000)]);
@@ -289,7 +289,7 @@ static void test_chunks_unmapped_when_blocks_all_back(void **state) {
 static void *heap_of_thread(void *arg) {
     struct pool_heap **out = arg;
     void *p = malloc(10000);
-    *out = hak_tc.pool;
+    *out = tc_self.pool;
     free(p);
     return NULL;
 }
@@ -477,12 +477,12 @@ static void *churn_thread(void *arg) {
         memset(p[i], mark, churn_size(a->wave, a->slot, i));
     }
     pthread_mutex_lock(&churn_lock);
-    churn_running[a->slot] = hak_tc.pool;
+    churn_running[a->slot] = tc_self.pool;
     pthread_mutex_unlock(&churn_lock);
     pthread_barrier_wait(&churn_all_alive);
     pthread_mutex_lock(&churn_lock);
     for (int i = 0; i < CHURN_THREADS; i++)
-        if (i != a->slot && churn_running[i] == hak_tc.pool) atomic_fetch_add(&churn_errors, 1);
+        if (i != a->slot && churn_running[i] == tc_self.pool) atomic_fetch_add(&churn_errors, 1);
     pthread_mutex_unlock(&churn_lock);
     pthread_barrier_wait(&churn_all_alive);
     /* The previous wave's blocks: still theirs, freed here (remote frees

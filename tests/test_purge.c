@@ -1,5 +1,5 @@
 /* Free memory goes back to the OS: at malloc_trim, and without it once it
- * has been unused for HAKMEM_BIGCACHE_AGE_MS (here 50 ms), on the program's
+ * has been unused for HAKMEM_AGE_MS (here 50 ms), on the program's
  * own later calls. A long-running program (redis) that stops using some
  * sizes must not keep their memory: it once kept every empty 64 KiB slot of
  * a SuperSlab one of whose slots was still in use, and the free blocks of
@@ -249,7 +249,7 @@ static void test_huge_heaps_give_back_whole_units(void **state) {
 }
 
 int main(void) {
-    hak_cfg.bigcache_age_ms = AGE_MS;
+    hak_cfg.age_ms = AGE_MS;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trim_gives_back_empty_slots),
         cmocka_unit_test(test_empty_slots_age_out),

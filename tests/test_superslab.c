@@ -460,8 +460,8 @@ static void test_idle_superslab_waits_for_a_pass(void **state) {
     hak_cfg.ss_cache = 1000;
     /* No timed pass between the releases and the look, however slow the
      * machine (the first release may make one, then none for the age). */
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 3600000;
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 3600000;
     struct ss_slab *s[DATA_SLOTS];
     struct superslab *ss = take_whole_superslab(CLS_A, s, NULL);
     for (uint32_t i = 0; i < DATA_SLOTS; i++)
@@ -481,7 +481,7 @@ static void test_idle_superslab_waits_for_a_pass(void **state) {
     assert_int_equal(again->carved, 5);
     ss_release(again, false);
     /* A pass (malloc_trim's: every empty slot now) retires it. */
-    hak_cfg.bigcache_age_ms = age; /* (the pass times the next one by it) */
+    hak_cfg.age_ms = age; /* (the pass times the next one by it) */
     ss_purge(true);
     struct ss_stats c = stats();
     assert_int_equal(c.retired - a.retired, 1);

@@ -416,7 +416,7 @@ static void test_remote_list_holds_pushed_blocks(void **state) {
         lm_alloc(b[i], 0);
     }
     struct ss_slab *s = ss_slab_of(b[N - 1]);
-    assert_ptr_equal(atomic_load(&s->owner), hak_tc.heap);
+    assert_ptr_equal(atomic_load(&s->owner), tc_self.heap);
     void *mine[N];
     uint32_t n = 0;
     for (int i = 0; i < N; i++)
@@ -508,7 +508,7 @@ static void test_remote_pushes_while_owner_allocates(void **state) {
     for (uint32_t i = 0; i < RP_N; i++) {
         b[i] = malloc(size);
         lm_alloc(b[i], 0);
-        assert_ptr_equal(atomic_load(&ss_slab_of(b[i])->owner), hak_tc.heap);
+        assert_ptr_equal(atomic_load(&ss_slab_of(b[i])->owner), tc_self.heap);
     }
     for (uint32_t i = 0; i < RP_N; i++) {
         lm_free(b[i]);
@@ -591,7 +591,7 @@ static void *ad_adopter(void *arg) {
     struct ad_result *r = arg;
     for (int i = 0; i < AD_N; i++)
         r->got[i] = malloc(AD_SIZE);
-    r->owns_orphan = atomic_load(&ss_slab_of(ad_blocks[0])->owner) == hak_tc.heap;
+    r->owns_orphan = atomic_load(&ss_slab_of(ad_blocks[0])->owner) == tc_self.heap;
     for (int i = 0; i < AD_N; i++)
         free(r->got[i]);
     return NULL;
@@ -637,14 +637,14 @@ static void *fc_thread(void *arg) {
     struct fc_run *r = arg;
     for (int i = 0; i < FC_N; i++) /* the main thread's blocks */
         free(r->blocks[i]);
-    r->cap_after_others = hak_tc.cap[r->cls];
+    r->cap_after_others = tc_self.cap[r->cls];
     r->count_after_others = tc_count(r->cls);
     void *mine[FC_N];
     for (int i = 0; i < FC_N; i++)
         mine[i] = malloc(64);
     for (int i = 0; i < FC_N; i++) /* its own, and the few others' it reused */
         free(mine[i]);
-    r->cap_after_own = hak_tc.cap[r->cls];
+    r->cap_after_own = tc_self.cap[r->cls];
     return NULL;
 }
 
@@ -1240,11 +1240,11 @@ static void test_list_grows_for_batches_then_shrinks(void **state) {
     const uint32_t cls = 6; /* 112 B */
     enum { N = 200, ROUNDS = 24 };
     size_t size = small_class_size[cls];
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.age_ms;
     /* While it grows: ages of a second, so that a busy machine's pause
      * between two rounds is no age (a look already due may still shrink the
      * list once: a round with no flush and no refill is looked for). */
-    hak_cfg.bigcache_age_ms = 1000;
+    hak_cfg.age_ms = 1000;
     void *p[N];
     bool still = false;
     for (int round = 0; round < ROUNDS && !still; round++) {
@@ -1256,23 +1256,23 @@ static void test_list_grows_for_batches_then_shrinks(void **state) {
             free(p[i]);
         tiny_get_stats(b);
         still = round >= 8 && b[cls].flushes == a[cls].flushes &&
-                b[cls].refills == a[cls].refills && hak_tc.cap[cls] >= N;
+                b[cls].refills == a[cls].refills && tc_self.cap[cls] >= N;
     }
     assert_true(still);
     /* Then other work for a while, at ages of 20 ms (the next look is a
      * second away at most): the list shrinks. (A hang limit, scaled.) */
-    hak_cfg.bigcache_age_ms = 20;
+    hak_cfg.age_ms = 20;
     int64_t limit = hak_test_limit_ms(4000);
     for (int64_t t0 = hak_test_now_ms();
-         hak_tc.cap[cls] != small_class_cap[cls] && hak_test_now_ms() - t0 < limit;) {
+         tc_self.cap[cls] != small_class_cap[cls] && hak_test_now_ms() - t0 < limit;) {
         struct timespec ms5 = {0, 5 * 1000 * 1000};
         nanosleep(&ms5, NULL);
         for (int i = 0; i < 5000; i++)
             free(malloc(40));
     }
-    assert_int_equal(hak_tc.cap[cls], small_class_cap[cls]);
+    assert_int_equal(tc_self.cap[cls], small_class_cap[cls]);
     assert_int_equal(tc_count(cls), 0);
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
 }
 
 /* A thread building and tearing down a structure of many classes (a
@@ -1289,8 +1289,8 @@ static void test_lists_grow_for_a_structure_of_many_classes(void **state) {
      * shrink an idle list once (it grows back within three rounds): a
      * round with no flush and no refill is looked for, whatever the
      * machine's speed. */
-    uint64_t age = hak_cfg.bigcache_age_ms;
-    hak_cfg.bigcache_age_ms = 3600 * 1000;
+    uint64_t age = hak_cfg.age_ms;
+    hak_cfg.age_ms = 3600 * 1000;
     bool still = false;
     for (int round = 0; round < ROUNDS && !still; round++) {
         struct tiny_class_stats a[TINY_NCLASSES], b[TINY_NCLASSES];
@@ -1303,9 +1303,9 @@ static void test_lists_grow_for_a_structure_of_many_classes(void **state) {
         still = round >= 8;
         for (uint32_t cls = 0; cls < CLASSES; cls++)
             still &= b[cls].flushes == a[cls].flushes && b[cls].refills == a[cls].refills &&
-                     hak_tc.cap[cls] >= N;
+                     tc_self.cap[cls] >= N;
     }
-    hak_cfg.bigcache_age_ms = age;
+    hak_cfg.age_ms = age;
     assert_true(still);
 }
 

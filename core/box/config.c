@@ -9,7 +9,7 @@
 struct hak_config hak_cfg = {
     .stats = HAK_STATS_OFF,
     .bigcache_bytes = (size_t)128 << 20,
-    .bigcache_age_ms = HAK_CFG_AGE_MS_DEFAULT,
+    .age_ms = HAK_CFG_AGE_MS_DEFAULT,
     .large_tcache_bytes = (size_t)16 << 20,
     .hugepages = HAK_HUGE_LARGE,
     .ss_cache = 8,
@@ -97,7 +97,12 @@ void config_load(void) {
     config_stats();
     config_stats_path();
     if (config_int("HAKMEM_BIGCACHE_MB", 0, 65536, &v)) hak_cfg.bigcache_bytes = (size_t)v << 20;
-    if (config_int("HAKMEM_BIGCACHE_AGE_MS", 1, 3600000, &v)) hak_cfg.bigcache_age_ms = v;
+    /* The age of every tier's free memory; HAKMEM_BIGCACHE_AGE_MS, its
+     * name from when it aged the BigCache alone, is still read (the new
+     * name wins when both are set). */
+    if (config_int("HAKMEM_AGE_MS", 1, 3600000, &v) ||
+        config_int("HAKMEM_BIGCACHE_AGE_MS", 1, 3600000, &v))
+        hak_cfg.age_ms = v;
     if (config_int("HAKMEM_LARGE_TCACHE_MB", 0, 1024, &v))
         hak_cfg.large_tcache_bytes = (size_t)v << 20;
     if (config_int("HAKMEM_HUGEPAGES", 0, 2, &v)) hak_cfg.hugepages = (uint8_t)v;

@@ -20,10 +20,11 @@ enum hak_huge {
 };
 
 struct hak_config {
-    uint8_t stats;               /* HAKMEM_STATS: a report at exit (enum hak_stats_mode) */
-    const char *stats_file;      /* HAKMEM_STATS_FILE: where it goes; NULL: stderr */
-    size_t bigcache_bytes;       /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
-    uint64_t bigcache_age_ms;    /* HAKMEM_BIGCACHE_AGE_MS: unused this long, decommitted */
+    uint8_t stats;          /* HAKMEM_STATS: a report at exit (enum hak_stats_mode) */
+    const char *stats_file; /* HAKMEM_STATS_FILE: where it goes; NULL: stderr */
+    size_t bigcache_bytes;  /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
+    uint64_t age_ms; /* HAKMEM_AGE_MS (or its old name HAKMEM_BIGCACHE_AGE_MS): free memory unused
+                        this long goes back, in every tier */
     size_t large_tcache_bytes;   /* HAKMEM_LARGE_TCACHE_MB: a thread's own freed mappings */
     uint8_t hugepages;           /* HAKMEM_HUGEPAGES: who asks for huge pages (enum hak_huge) */
     uint64_t ss_cache;           /* HAKMEM_SS_CACHE: empty SuperSlabs kept, decommitted */

@@ -19,6 +19,12 @@ enum diag_kind {
     DIAG_WRITE_AFTER_FREE,
     DIAG_MISMATCHED_FREE, /* freed by another family than allocated it (free of new's) */
 };
+
+/* The API family a block was allocated through (malloc and its kin,
+ * operator new, operator new[]): its free must be the same family's. The
+ * front passes it down; checked mode records it and a mismatched free
+ * names it. */
+enum api_family { API_MALLOC, API_NEW, API_NEW_ARRAY };
 /* ... and where: the tier whose memory the pointer is in (enum hak_tier,
  * box/tier.h; TIER_NONE: no tier's). */
 

@@ -22,14 +22,12 @@
 #ifndef HAK_CHECK_H
 #define HAK_CHECK_H
 
+#include "box/diag.h"
 #include "sizes.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-/* Which call allocated a block: its free must be the matching one. */
-enum chk_family { CHK_MALLOC, CHK_NEW, CHK_NEW_ARRAY };
 
 /* Set once at start-up (HAKMEM_CHECK=1); blocks allocated before stay in
  * their tiers and are freed there. */
@@ -40,7 +38,7 @@ void chk_start(void);
 
 /* A block of n bytes aligned to `align` (a power of two; 0 or up to 16: 16).
  * NULL with errno ENOMEM when no memory. */
-void *chk_alloc(size_t n, size_t align, enum chk_family f);
+void *chk_alloc(size_t n, size_t align, enum api_family f);
 /* calloc of n bytes (the product checked by the caller). */
 void *chk_calloc(size_t n);
 /* Free p, whose region entry is e (TIER_CHECK); `fn` names the call, and

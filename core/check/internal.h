@@ -172,7 +172,7 @@ extern HAK_HIDDEN struct chk_class chk_classes[SMALL_NCLASSES];
 /* What a slot's word0 says. */
 struct chk_slot {
     size_t n;     /* bytes asked */
-    unsigned fam; /* enum chk_family */
+    unsigned fam; /* enum api_family */
     unsigned state;
     size_t uoff; /* the block's offset in the slot */
 };
@@ -207,7 +207,7 @@ static inline bool chk_decode(uint64_t w, uint64_t key, size_t size, struct chk_
     s->state = low >> 22 & 3;
     s->uoff = (low >> 24) * 16;
     return (i ^ chk_info_hash(low, key)) >> CHK_INFO_BITS == 0 &&
-           (s->state == CHK_LIVE || s->state == CHK_FREED) && s->fam <= CHK_NEW_ARRAY &&
+           (s->state == CHK_LIVE || s->state == CHK_FREED) && s->fam <= API_NEW_ARRAY &&
            s->uoff >= CHK_HDR && s->uoff + s->n < size;
 }
 

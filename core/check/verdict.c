@@ -29,22 +29,22 @@ _Noreturn void chk_report(const char *fn, enum diag_kind kind, uintptr_t p, size
         .fn = fn, .kind = kind, .p = (void *)p, .tier = TIER_CHECK, .block = n, .at = at});
 }
 
-static const char *const chk_family_names[] = {"malloc", "operator new", "operator new[]"};
+static const char *const api_family_names[] = {"malloc", "operator new", "operator new[]"};
 
 /* The family a freeing call frees. */
-static unsigned chk_family_of(const char *fn) {
-    if (fn[0] != 'o' || strncmp(fn, "operator delete", 15) != 0) return CHK_MALLOC;
-    return fn[15] == '[' ? CHK_NEW_ARRAY : CHK_NEW;
+static unsigned api_family_of(const char *fn) {
+    if (fn[0] != 'o' || strncmp(fn, "operator delete", 15) != 0) return API_MALLOC;
+    return fn[15] == '[' ? API_NEW_ARRAY : API_NEW;
 }
 
 static void chk_check_family(const char *fn, uintptr_t p, size_t n, unsigned fam) {
-    if (hak_likely(chk_family_of(fn) == fam)) return;
+    if (hak_likely(api_family_of(fn) == fam)) return;
     diag_bug(&(struct diag_bug){.fn = fn,
                                 .kind = DIAG_MISMATCHED_FREE,
                                 .p = (void *)p,
                                 .tier = TIER_CHECK,
                                 .block = n,
-                                .by = chk_family_names[fam]});
+                                .by = api_family_names[fam]});
 }
 
 /* ---- one block, whatever its kind --------------------------------------------- */
@@ -69,7 +69,7 @@ enum chk_verdict {
 /* Look at a, filling *b as far as it goes; never reports. */
 static enum chk_verdict chk_find(uintptr_t a, uint32_t e, struct chk_block *b) {
     b->sub = chk_sub(e);
-    b->s = (struct chk_slot){.n = 0, .fam = CHK_MALLOC, .state = CHK_LIVE};
+    b->s = (struct chk_slot){.n = 0, .fam = API_MALLOC, .state = CHK_LIVE};
     if (b->sub == CHK_ZERO) {
         ptrdiff_t i = chk_zero_find(a);
         return i >= 0 ? CHK_IS_LIVE : i == -2 ? CHK_IS_FREED : CHK_NOT_A_BLOCK;
@@ -165,10 +165,10 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
 
 /* ---- the tier's interface -------------------------------------------------------- */
 
-static void *chk_alloc_as(size_t n, size_t align, enum chk_family f, bool zero) {
+static void *chk_alloc_as(size_t n, size_t align, enum api_family f, bool zero) {
     if (align < HAK_MIN_ALIGN) align = HAK_MIN_ALIGN;
     /* (new's zero-size blocks need their family: a slot.) */
-    if (n == 0 && align == HAK_MIN_ALIGN && f == CHK_MALLOC) {
+    if (n == 0 && align == HAK_MIN_ALIGN && f == API_MALLOC) {
         void *z = chk_zero_alloc();
         if (z != NULL) return z;
     }
@@ -180,7 +180,7 @@ static void *chk_alloc_as(size_t n, size_t align, enum chk_family f, bool zero) 
     return chk_big_alloc(n, align, f, n, zero);
 }
 
-void *chk_alloc(size_t n, size_t align, enum chk_family f) {
+void *chk_alloc(size_t n, size_t align, enum api_family f) {
     return chk_alloc_as(n, align, f, false);
 }
 
@@ -226,14 +226,14 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
      * more: every step copied, bench_realloc_growth 16 B - 1 MiB). */
     void *q = NULL;
     if (n + CHK_HDR + 1 <= CHK_SLOT_MAX) {
-        q = chk_alloc(n, 0, CHK_MALLOC);
+        q = chk_alloc(n, 0, API_MALLOC);
     } else {
         int saved = errno;
         if (n > b.s.n && n <= HAK_MAX_REQUEST / 2)
-            q = chk_big_alloc(n, HAK_MIN_ALIGN, CHK_MALLOC, 2 * n, false);
+            q = chk_big_alloc(n, HAK_MIN_ALIGN, API_MALLOC, 2 * n, false);
         if (q == NULL) { /* shrinking, or no address space for the room */
             errno = saved;
-            q = chk_big_alloc(n, HAK_MIN_ALIGN, CHK_MALLOC, n, false);
+            q = chk_big_alloc(n, HAK_MIN_ALIGN, API_MALLOC, n, false);
         }
     }
     if (q == NULL) return NULL;
@@ -243,7 +243,7 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
 }
 
 void *chk_calloc(size_t n) {
-    void *p = chk_alloc_as(n, 0, CHK_MALLOC, true);
+    void *p = chk_alloc_as(n, 0, API_MALLOC, true);
     /* A big block is zeroed by chk_big_alloc: touching fresh pages from the
      * OS would make all of them resident. Slots hold the wipe. */
     if (p != NULL && chk_sub(rmap_get(p)) != CHK_BIG) memset(p, 0, n);

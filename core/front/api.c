@@ -36,7 +36,7 @@ static uint32_t front_aligned_class(size_t align, size_t n) {
 }
 
 /* A block of n bytes aligned to `align` (a power of two), for family f. */
-static void *front_aligned(size_t align, size_t n, enum chk_family f) {
+static void *front_aligned(size_t align, size_t n, enum api_family f) {
     if (hak_unlikely(chk_on)) return chk_alloc(n, align, f);
     if (align <= HAK_MIN_ALIGN) return front_malloc_as(n, f);
     uint32_t cls = front_aligned_class(align, n);
@@ -247,7 +247,7 @@ static void *front_reallocarray(void *p, size_t nmemb, size_t size) {
 static int front_posix_memalign(void **out, size_t align, size_t n) {
     if (align % sizeof(void *) != 0 || !hak_is_pow2(align)) return EINVAL;
     int saved = errno; /* report through the return value only */
-    void *p = front_aligned(align, n, CHK_MALLOC);
+    void *p = front_aligned(align, n, API_MALLOC);
     errno = saved;
     if (p == NULL) return ENOMEM;
     *out = p;
@@ -259,7 +259,7 @@ static void *front_aligned_alloc(size_t align, size_t n) {
         errno = EINVAL;
         return NULL;
     }
-    return front_aligned(align, n, CHK_MALLOC);
+    return front_aligned(align, n, API_MALLOC);
 }
 
 static void *front_memalign(size_t align, size_t n) {
@@ -271,7 +271,7 @@ static void *front_memalign(size_t align, size_t n) {
         /* 0 means no alignment; otherwise <= 2^63, which then fails as ENOMEM */
         align = align ? (size_t)1 << (64 - __builtin_clzl(align)) : 1;
     }
-    return front_aligned(align, n, CHK_MALLOC);
+    return front_aligned(align, n, API_MALLOC);
 }
 
 static void *front_pvalloc(size_t n) {
@@ -280,7 +280,7 @@ static void *front_pvalloc(size_t n) {
         return NULL;
     }
     return front_aligned(HAK_PAGE_SIZE, n ? hak_align_up(n, HAK_PAGE_SIZE) : HAK_PAGE_SIZE,
-                         CHK_MALLOC);
+                         API_MALLOC);
 }
 
 /* ---- malloc's misses --------------------------------------------------------
@@ -288,7 +288,7 @@ static void *front_pvalloc(size_t n) {
 static inline void *front_class_slow(uint32_t cls) {
     /* A thread that may not cache (its exit has begun) has no cache and no
      * heap: the L2.5 tier's bundles serve it, one block at a time. */
-    if (hak_unlikely(!hak_tc.open) && !life_thread_start()) return l25_alloc_uncached(cls);
+    if (hak_unlikely(!tc_self.open) && !life_thread_start()) return l25_alloc_uncached(cls);
     if (cls >= POOL_END) return l25_alloc_slow(cls);
     void *p = cls < TINY_NCLASSES ? tiny_alloc_slow(cls) : pool_alloc_slow(cls);
     /* Its tier had no memory (a full SuperSlab range, a refused chunk): the
@@ -297,14 +297,14 @@ static inline void *front_class_slow(uint32_t cls) {
 }
 
 HAK_HIDDEN void *front_class_miss(uint32_t cls, size_t n) {
-    if (hak_unlikely(--hak_tc.purge_tick < 0)) front_purge();
+    if (hak_unlikely(--tc_self.purge_tick < 0)) front_purge();
     if (hak_unlikely(tc_due(cls))) return front_class_due(cls, n);
     return front_class_slow(cls);
 }
 
-HAK_HIDDEN void *front_malloc_miss(size_t n, size_t cls, enum chk_family f) {
+HAK_HIDDEN void *front_malloc_miss(size_t n, size_t cls, enum api_family f) {
     if (hak_unlikely(chk_on)) return chk_alloc(n, 0, f);
-    if (hak_unlikely(--hak_tc.purge_tick < 0)) front_purge();
+    if (hak_unlikely(--tc_self.purge_tick < 0)) front_purge();
     if (cls >= SMALL_NCLASSES) return front_large_miss(n);
     if (hak_unlikely(tc_due(cls))) return front_malloc_due(n, cls);
     void *p = front_class_slow(cls); /* (inlined: Pool blocks come this way often) */
@@ -319,7 +319,7 @@ __attribute__((noipa))
 __attribute__((noinline))
 #endif
 HAK_HIDDEN void *
-front_lut_miss(size_t n, enum chk_family f) {
+front_lut_miss(size_t n, enum api_family f) {
     return front_malloc_miss(n, small_class_lut[n], f);
 }
 
@@ -369,7 +369,7 @@ HAK_API void *hak_aligned_alloc(size_t alignment, size_t size) {
     FRONT_TRY(p, p == NULL, front_aligned_alloc(alignment, size));
     return p;
 }
-HAK_HIDDEN void *front_aligned_as(size_t align, size_t n, enum chk_family f) {
+HAK_HIDDEN void *front_aligned_as(size_t align, size_t n, enum api_family f) {
     void *p;
     FRONT_TRY(p, p == NULL, front_aligned(align, n, f));
     return p;
@@ -381,7 +381,7 @@ HAK_API void *hak_memalign(size_t alignment, size_t size) {
 }
 HAK_API void *hak_valloc(size_t size) {
     void *p;
-    FRONT_TRY(p, p == NULL, front_aligned(HAK_PAGE_SIZE, size, CHK_MALLOC));
+    FRONT_TRY(p, p == NULL, front_aligned(HAK_PAGE_SIZE, size, API_MALLOC));
     return p;
 }
 HAK_API void *hak_pvalloc(size_t size) {

@@ -58,7 +58,7 @@ static void *bg_main(void *unused) {
          * decommitted Large mapping's unmapping), so that what is cached
          * meanwhile, with the bell not armed, waits no longer for a look.
          * Past the due time by a tick of the coarse clock the tiers read. */
-        uint64_t now = hak_now_ms(), age = hak_cfg.bigcache_age_ms, gap = age / 8;
+        uint64_t now = hak_now_ms(), age = hak_cfg.age_ms, gap = age / 8;
         if (gap == 0) gap = 1;
         uint64_t until = next > now + gap ? next : now + gap;
         if (until > now + age) until = now + age;

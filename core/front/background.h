@@ -1,6 +1,6 @@
 /* Background ageing (HAKMEM_BACKGROUND=1): one thread that makes the tiers'
  * ageing passes when they are due, so that a program that stops calling the
- * allocator still gives its free memory back after HAKMEM_BIGCACHE_AGE_MS
+ * allocator still gives its free memory back after HAKMEM_AGE_MS
  * (docs/DESIGN.md, Ageing). It reaches what no thread owns: the BigCache,
  * empty SuperSlab slots, empty L2.5 bundles and free blocks of partly used
  * ones, the Pool spares of exited threads' heaps. A live thread's own caches

@@ -58,7 +58,7 @@ static void *cxx_runtime(void *weak, const char *name) {
  * the standard says, call the new_handler while there is one and retry;
  * without one, throw std::bad_alloc. */
 static __attribute__((cold, noinline)) void *cxx_new_failed(size_t n, size_t align,
-                                                            enum chk_family f) {
+                                                            enum api_family f) {
     cxx_get_handler get = cxx_runtime((void *)_ZSt15get_new_handlerv, "_ZSt15get_new_handlerv");
     for (;;) {
         cxx_new_handler h = get != NULL ? get() : NULL;
@@ -85,14 +85,14 @@ static __attribute__((cold, noinline)) void *cxx_new_failed(size_t n, size_t ali
 #define CXX_DELETE       "operator delete"
 #define CXX_DELETE_ARRAY "operator delete[]"
 /* The family each form allocates for, and the delete that frees it. */
-#define CXX_NEW       CHK_NEW
-#define CXX_NEW_ARRAY CHK_NEW_ARRAY
+#define CXX_NEW       API_NEW
+#define CXX_NEW_ARRAY API_NEW_ARRAY
 
-HAK_INLINE void *cxx_new(size_t n, enum chk_family f) {
+HAK_INLINE void *cxx_new(size_t n, enum api_family f) {
     void *p = front_malloc_as(n, f);
     return hak_likely(p != NULL) ? p : cxx_new_failed(n, 0, f);
 }
-HAK_INLINE void *cxx_new_aligned(size_t n, size_t align, enum chk_family f) {
+HAK_INLINE void *cxx_new_aligned(size_t n, size_t align, enum api_family f) {
     void *p = front_aligned_as(align, n, f);
     return hak_likely(p != NULL) ? p : cxx_new_failed(n, align, f);
 }
@@ -125,10 +125,11 @@ static _Atomic int cxx_state;
     X(_ZnwmSt11align_val_tRKSt9nothrow_t)                                                          \
     X(_ZnamSt11align_val_tRKSt9nothrow_t)                                                          \
     X(_ZdlPv)                                                                                      \
-    X(_ZdaPv) X(_ZdlPvRKSt9nothrow_t) X(_ZdaPvRKSt9nothrow_t) X(_ZdlPvSt11align_val_t)             \
-        X(_ZdaPvSt11align_val_t) X(_ZdlPvSt11align_val_tRKSt9nothrow_t)                            \
-            X(_ZdaPvSt11align_val_tRKSt9nothrow_t) X(_ZdlPvm) X(_ZdaPvm) X(_ZdlPvmSt11align_val_t) \
-                X(_ZdaPvmSt11align_val_t)
+    X(_ZdaPv)                                                                                      \
+    X(_ZdlPvRKSt9nothrow_t)                                                                        \
+    X(_ZdaPvRKSt9nothrow_t) X(_ZdlPvSt11align_val_t) X(_ZdaPvSt11align_val_t)                      \
+        X(_ZdlPvSt11align_val_tRKSt9nothrow_t) X(_ZdaPvSt11align_val_tRKSt9nothrow_t) X(_ZdlPvm)   \
+            X(_ZdaPvm) X(_ZdlPvmSt11align_val_t) X(_ZdaPvmSt11align_val_t)
 
 static bool cxx_look(void);
 

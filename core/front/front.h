@@ -20,10 +20,10 @@
  * arguments in their registers and tail-jumps here. f: the family
  * allocating, for the checked tier (HAKMEM_CHECK), which serves every miss
  * while on. */
-void *front_malloc_miss(size_t n, size_t cls, enum chk_family f);
+void *front_malloc_miss(size_t n, size_t cls, enum api_family f);
 /* The same for n < SMALL_LUT_N, which finds the class again (one load): a
  * class passed from the table look cost the fast path a register move. */
-void *front_lut_miss(size_t n, enum chk_family f);
+void *front_lut_miss(size_t n, enum api_family f);
 /* A block of small class cls the thread cache had none of, for
  * front_alloc_class: the class's tier (NULL, errno ENOMEM, when even the
  * L2.5 tier has no memory). It and front_malloc_miss share the one place
@@ -31,7 +31,7 @@ void *front_lut_miss(size_t n, enum chk_family f);
  * front_class_slow). */
 void *front_class_miss(uint32_t cls, size_t n);
 
-HAK_INLINE void *front_malloc_as(size_t n, enum chk_family f) {
+HAK_INLINE void *front_malloc_as(size_t n, enum api_family f) {
     if (hak_likely(n < SMALL_LUT_N)) {
         void *p = tiny_alloc_fast(small_class_lut[n]);
         return hak_likely(p != NULL) ? p : front_lut_miss(n, f);
@@ -53,7 +53,7 @@ HAK_INLINE void *front_malloc_as(size_t n, enum chk_family f) {
 }
 
 HAK_INLINE void *front_malloc(size_t n) {
-    return front_malloc_as(n, CHK_MALLOC);
+    return front_malloc_as(n, API_MALLOC);
 }
 
 /* A block of class cls, for a request of n bytes (the heap profiler's
@@ -127,7 +127,7 @@ bool front_free_sized_slow(void *p, size_t n, size_t align, bool exact, const ch
 
 /* aligned_alloc for family f, with the retry of an out-of-memory failure
  * (C++ aligned new). */
-void *front_aligned_as(size_t align, size_t n, enum chk_family f);
+void *front_aligned_as(size_t align, size_t n, enum api_family f);
 
 /* Free p, which the caller says was allocated for n bytes (see above). A
  * pointer into the SuperSlab range with n's class is freed, or reported,

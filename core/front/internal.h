@@ -56,7 +56,7 @@ HAK_HIDDEN __attribute__((noinline)) void *front_large_miss(size_t n);
 /* ---- ageing (age.c) ------------------------------------------------------ */
 
 /* The thread's look at the clock: its own caches, then (one thread at a
- * time) every tier's, each HAKMEM_BIGCACHE_AGE_MS at most. */
+ * time) every tier's, each HAKMEM_AGE_MS at most. */
 HAK_HIDDEN __attribute__((noinline)) void front_purge(void);
 
 /* ---- sampling (sample.c) ------------------------------------------------- */

@@ -45,7 +45,7 @@ static bool l25_heap_age(struct l25_heap *h, uint64_t now) {
     bool released = l25_heap_tidy(h, now, false);
     if (now >= h->purge_ms) {
         released |= l25_heap_purge(h);
-        h->purge_ms = now + hak_cfg.bigcache_age_ms;
+        h->purge_ms = now + hak_cfg.age_ms;
     }
     return released;
 }
@@ -54,7 +54,7 @@ static bool l25_heap_age(struct l25_heap *h, uint64_t now) {
  * pass when a partly used bundle has a free block with pages; UINT64_MAX
  * when nothing is. */
 static uint64_t l25_heap_due(struct l25_heap *h) {
-    uint64_t next = UINT64_MAX, age = hak_cfg.bigcache_age_ms;
+    uint64_t next = UINT64_MAX, age = hak_cfg.age_ms;
     for (struct l25_bundle *b = h->empty; b && b->committed; b = b->next)
         if (b->empty_ms + age < next) next = b->empty_ms + age;
     for (uint32_t k = 0; k < L25_NCLASSES; k++)
@@ -76,7 +76,7 @@ static bool l25_heap_trim(struct l25_heap *h) {
 
 void l25_thread_age(void) {
     l25_thread_flush();
-    if (hak_tc.l25) l25_heap_age(hak_tc.l25, hak_now_ms());
+    if (tc_self.l25) l25_heap_age(tc_self.l25, hak_now_ms());
 }
 
 /* The pages of the blocks on h's remote stack (not h's: its owner may be
@@ -110,7 +110,7 @@ bool l25_trim(void) {
     bool released = false;
     /* This thread's heap, and those of exited threads (each the pass's while
      * it is off the list); other threads' heaps are theirs. */
-    if (hak_tc.l25) released |= l25_heap_trim(hak_tc.l25);
+    if (tc_self.l25) released |= l25_heap_trim(tc_self.l25);
     released |= l25_spares_age(0, true);
     l25_parked_each(l25_parked_trim, &released, true);
     /* Live threads' heaps are theirs, but not the blocks other threads
@@ -121,7 +121,7 @@ bool l25_trim(void) {
     struct l25_heap *all = l25_heaps_all;
     hak_unlock(&l25_heap_lock);
     for (struct l25_heap *h = all; h; h = h->next_all)
-        if (h != hak_tc.l25) released |= l25_remote_decommit(h);
+        if (h != tc_self.l25) released |= l25_remote_decommit(h);
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         for (uint32_t sh = 0; sh <= L25_SHARDS; sh++) {
             struct l25_shard *s = &l25_shards[cls][sh];
@@ -265,9 +265,9 @@ static bool l25_purge(uint64_t now) {
 bool l25_age(void) {
     uint64_t now = hak_now_ms(), next = atomic_load_explicit(&l25_purge_next, memory_order_relaxed);
     /* Due, and this thread is the one to do it. */
-    if (now < next || !atomic_compare_exchange_strong_explicit(
-                          &l25_purge_next, &next, now + hak_cfg.bigcache_age_ms,
-                          memory_order_relaxed, memory_order_relaxed))
+    if (now < next ||
+        !atomic_compare_exchange_strong_explicit(&l25_purge_next, &next, now + hak_cfg.age_ms,
+                                                 memory_order_relaxed, memory_order_relaxed))
         return l25_spares_age_due(now);
     bool released = l25_spares_age_due(now);
     if (l25_purge(now)) released = true;
@@ -283,7 +283,7 @@ struct l25_due {
 
 static bool l25_due_shard(struct l25_shard *s, void *arg) {
     struct l25_due *d = arg;
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.age_ms;
     for (struct l25_bundle *b = s->empty; b && b->committed; b = b->next)
         if (b->empty_ms + age < d->next) d->next = b->empty_ms + age;
     for (struct l25_bundle *b = s->partial; b && !d->dirty; b = b->next)

@@ -102,7 +102,7 @@ bool l25_heap_tidy(struct l25_heap *h, uint64_t now, bool all) {
     for (struct l25_bundle *b = h->empty, *next; b && b->committed; b = next) {
         next = b->next;
         /* (empty_ms may be later than a now read before the walk) */
-        if (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
+        if (b->empty_ms > now || now - b->empty_ms < hak_cfg.age_ms) continue;
         l25_heap_empty_unlink(h, b);
         if (l25_bundle_decommit(b)) {
             b->committed = false;
@@ -255,8 +255,8 @@ static uint32_t l25_heap_take(struct l25_heap *h, uint32_t cls, void **out, uint
 }
 
 void *l25_alloc_slow(uint32_t cls) {
-    struct l25_heap *h = hak_tc.l25;
-    if (h == NULL && (h = hak_tc.l25 = l25_heap_get()) == NULL) return l25_alloc_uncached(cls);
+    struct l25_heap *h = tc_self.l25;
+    if (h == NULL && (h = tc_self.l25 = l25_heap_get()) == NULL) return l25_alloc_uncached(cls);
     /* Blocks other threads gave back first: a drain that brings one of this
      * class saves a bundle. */
     l25_drain(h);
@@ -282,7 +282,7 @@ void *l25_alloc_slow(uint32_t cls) {
  * bundles (tcache.h's give-back). */
 static void l25_give_back(uint32_t cls, void *p, uint32_t n) {
     (void)cls;
-    l25_heap_put_chain(hak_tc.l25, p, n);
+    l25_heap_put_chain(tc_self.l25, p, n);
 }
 
 void l25_free_slow(void *p, uint32_t cls) {
@@ -299,7 +299,7 @@ void l25_free_other(void *p, struct l25_bundle *b) {
      * its owner drains it, so it stays mapped; heaps are never unmapped. */
     struct l25_heap *h = b->owner;
     uint64_t now = hak_now_ms(), active = atomic_load_explicit(&h->active_ms, memory_order_relaxed);
-    if (now > active && now - active >= hak_cfg.bigcache_age_ms) l25_block_decommit(b, p);
+    if (now > active && now - active >= hak_cfg.age_ms) l25_block_decommit(b, p);
     remote_push(&h->remote, p, (void **)((uint8_t *)p + b->size));
 }
 
@@ -309,7 +309,7 @@ void l25_thread_flush(void) {
 
 void l25_thread_exit(void) {
     l25_thread_flush();
-    struct l25_heap *h = hak_tc.l25;
+    struct l25_heap *h = tc_self.l25;
     if (h == NULL) return;
     l25_drain(h);
     /* Its empty bundles to the spares, which the tier's pass ages whoever
@@ -325,7 +325,7 @@ void l25_thread_exit(void) {
         if (!l25_spare_put(b)) l25_bundle_unmap(b);
         b = prev;
     }
-    hak_tc.l25 = NULL;
+    tc_self.l25 = NULL;
     hak_lock(&l25_heap_lock);
     h->next_free = l25_heaps_free;
     l25_heaps_free = h;

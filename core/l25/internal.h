@@ -194,7 +194,7 @@ void l25_empty_unlink(struct l25_shard *s, struct l25_bundle *b);
 
 /* Empty bundles stay committed (a working set that empties bundles and
  * fills them again makes no syscall; another class may take them, see
- * l25_steal) until unused for the cache age (HAKMEM_BIGCACHE_AGE_MS), then
+ * l25_steal) until unused for the cache age (HAKMEM_AGE_MS), then
  * are decommitted; past L25_EMPTY_MAX the oldest is unmapped. Takes those
  * bundles off the list into *t. Shard lock held. */
 void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t);

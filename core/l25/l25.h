@@ -25,7 +25,7 @@
  * same class's reused first, else one of the same span recut); past that
  * they go to spare stacks, one a class, any heap takes from before it maps
  * a bundle (its class's first). The
- * owner decommits its empty bundles unused for HAKMEM_BIGCACHE_AGE_MS, and
+ * owner decommits its empty bundles unused for HAKMEM_AGE_MS, and
  * the free blocks of its partly used ones, on its own slow path
  * (l25_thread_age); a thread's heap outlives it, bundles and all, for the
  * next thread, and the background thread ages the heaps no thread has.
@@ -188,7 +188,7 @@ HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
     *m = L25_FREE;
     /* Only this thread's own blocks enter its cache (of L2.5 classes alone:
      * shared bundles, which have the other tiers' classes, are no heap's). */
-    if (hak_unlikely(b->owner != hak_tc.l25)) return l25_free_other(p, b);
+    if (hak_unlikely(b->owner != tc_self.l25)) return l25_free_other(p, b);
     if (hak_unlikely(!tc_push(b->cls, p))) l25_free_slow(p, b->cls);
 }
 
@@ -209,7 +209,7 @@ static inline uint32_t l25_class_of(const void *p, uint32_t e, const char *fn) {
 
 /* Return every block this thread caches to its bundle. */
 void l25_thread_flush(void);
-/* This thread's look at its own (front_purge, every HAKMEM_BIGCACHE_AGE_MS
+/* This thread's look at its own (front_purge, every HAKMEM_AGE_MS
  * or so): its cache flushed, its remote frees taken back, its empty bundles
  * unused for the age decommitted, and when a pass is due the free blocks of
  * its partly used bundles. */
@@ -220,7 +220,7 @@ void l25_thread_exit(void);
 /* malloc_trim: unmap empty bundles, decommit the free blocks of the others;
  * true when memory went back to the OS. */
 bool l25_trim(void);
-/* When a pass is due (every HAKMEM_BIGCACHE_AGE_MS; one timer, whoever
+/* When a pass is due (every HAKMEM_AGE_MS; one timer, whoever
  * calls: l25_put makes them too), decommit or unmap empty bundles unused for
  * the cache age, and the free blocks of partly used bundles (but a few at
  * the front of each shard, which its next refills take); true when memory

@@ -63,7 +63,7 @@ void l25_tidy_empty(struct l25_shard *s, uint64_t now, struct l25_todo *t) {
     for (struct l25_bundle *b = s->empty, *next; b && b->committed && t->n < room; b = next) {
         next = b->next;
         /* (empty_ms may be later than a now read before the walk) */
-        if (b->empty_ms > now || now - b->empty_ms < hak_cfg.bigcache_age_ms) continue;
+        if (b->empty_ms > now || now - b->empty_ms < hak_cfg.age_ms) continue;
         l25_empty_unlink(s, b);
         t->b[t->n] = b;
         t->unmap[t->n++] = false;

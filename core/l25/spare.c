@@ -35,7 +35,7 @@ static void l25_spares_due_by(uint64_t due) {
 /* When spare b is next due to age: decommitted at the age, unmapped at
  * twice it. */
 static uint64_t l25_spare_due(const struct l25_bundle *b) {
-    return b->empty_ms + (b->committed ? 1 : 2) * hak_cfg.bigcache_age_ms;
+    return b->empty_ms + (b->committed ? 1 : 2) * hak_cfg.age_ms;
 }
 
 /* The spares keep their pages up to twice the BigCache's bound
@@ -102,7 +102,7 @@ struct l25_bundle *l25_spare_get(uint32_t cls) {
 
 bool l25_spares_age(uint64_t now, bool all) {
     bool released = false;
-    uint64_t age = hak_cfg.bigcache_age_ms, due = UINT64_MAX;
+    uint64_t age = hak_cfg.age_ms, due = UINT64_MAX;
     for (size_t k = 0; k < sizeof l25_spare / sizeof l25_spare[0]; k++) {
         struct l25_bundle *b = lf_take_all(&l25_spare[k]), *first = NULL, *last = NULL;
         uint32_t gone = 0;

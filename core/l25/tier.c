@@ -37,7 +37,7 @@ void l25_fork_release(bool child) {
 
 void l25_get_stats(struct l25_stats *st) {
     *st = (struct l25_stats){0};
-    if (hak_tc.l25) l25_drain(hak_tc.l25); /* what others freed to this thread, counted back */
+    if (tc_self.l25) l25_drain(tc_self.l25); /* what others freed to this thread, counted back */
     int64_t carved = 0;
     hak_lock(&l25_heap_lock);
     for (struct l25_heap *h = l25_heaps_all; h; h = h->next_all) {

@@ -100,7 +100,7 @@ static void large_cache_insert(struct large_cache *lc, struct large_entry e) {
 /* Entries past their age: out of the cache into out[] (to be decommitted or
  * unmapped outside the lock by large_cache_retire); how many. Lock held. */
 static uint32_t large_cache_scan(struct large_cache *lc, uint64_t now, struct large_entry *out) {
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.age_ms;
     uint32_t n = 0;
     for (uint32_t i = 0; i < lc->n;) {
         uint64_t idle = now - lc->e[i].freed_ms;
@@ -123,7 +123,7 @@ static void large_cache_retire(struct large_cache *lc, const struct large_entry 
     bool any = false;
     for (uint32_t i = 0; i < n; i++) {
         struct large_entry e = out[i];
-        if (e.freed_ms == 0 || e.decommitted || now - e.freed_ms >= 2 * hak_cfg.bigcache_age_ms) {
+        if (e.freed_ms == 0 || e.decommitted || now - e.freed_ms >= 2 * hak_cfg.age_ms) {
             large_release(e.at, e.size);
             continue;
         }
@@ -166,7 +166,7 @@ HAK_HIDDEN _Atomic uint64_t large_looked_ms;
  * under 4 ms), the first of the tier's calls past it looks at the ages of
  * every shard, of the spares and, with `tcs`, of the threads' own caches. */
 static void large_age_look(uint64_t now, bool tcs) {
-    uint64_t quarter = hak_cfg.bigcache_age_ms / 4,
+    uint64_t quarter = hak_cfg.age_ms / 4,
              last = atomic_load_explicit(&large_looked_ms, memory_order_relaxed);
     if (quarter > 0 &&
         (now <= last || now - last < quarter ||
@@ -589,7 +589,7 @@ static bool large_tc_put(struct large_hdr *h) {
     if (t == NULL) {
         /* A thread whose first calls are Large ones arms its exit hook here
          * (which gives the record back), as its first small free would. */
-        if (large_tc_denied || (!hak_tc.open && !tc_thread_start()) || large_tls.batch == 0 ||
+        if (large_tc_denied || (!tc_self.open && !tc_thread_start()) || large_tls.batch == 0 ||
             (t = large_tc_claim()) == NULL)
             return false;
     }
@@ -659,7 +659,7 @@ static bool large_tc_barrier(int mode) {
 /* An entry freed at `ms` is due at `now` (all of them with `all`); when it
  * is not, *next becomes its time if that is sooner. */
 static bool large_tc_due(uint64_t ms, uint64_t now, bool all, uint64_t *next) {
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.age_ms;
     if (all || (ms <= now && now - ms >= age)) return true;
     if (ms + age < *next) *next = ms + age;
     return false;

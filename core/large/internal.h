@@ -367,7 +367,7 @@ void *large_alloc_as(size_t size, size_t align, bool zero, bool growing);
  * request on, in the cache (the same pages, still resident: no fault when a
  * later request takes it); or, when none is big enough, grows the biggest
  * one with mremap, so that only the new part takes page faults. An entry
- * unused for hak_cfg.bigcache_age_ms is decommitted (its pages go, the
+ * unused for hak_cfg.age_ms is decommitted (its pages go, the
  * mapping stays for reuse), and after twice that it is unmapped: the ages
  * are looked at on the tier's own calls, by the background thread
  * (large_age_next) and on malloc_trim. */
@@ -457,7 +457,7 @@ struct large_spares {
     struct large_hdr *h[LARGE_SPARES];
     size_t room[LARGE_SPARES]; /* large_room of each: the search reads no header */
     /* When one was last put here (hak_now_ms); 0 with none. Unused for
-     * hak_cfg.bigcache_age_ms, they go to the BigCache (large_spare_age). */
+     * hak_cfg.age_ms, they go to the BigCache (large_spare_age). */
     uint64_t used_ms;
 };
 extern HAK_HIDDEN struct large_spares large_spares;

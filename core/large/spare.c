@@ -85,7 +85,7 @@ uint64_t large_spare_age(uint64_t now) {
     hak_spin_unlock(&large_spares.lock);
     if (used == 0) return UINT64_MAX;
     /* (now was read before the lock: a put since may be later.) */
-    if (used >= now || now - used < hak_cfg.bigcache_age_ms) return used + hak_cfg.bigcache_age_ms;
+    if (used >= now || now - used < hak_cfg.age_ms) return used + hak_cfg.age_ms;
     large_spare_flush();
     return UINT64_MAX;
 }

@@ -22,7 +22,7 @@ uint64_t large_age_next(void) {
     if (tc_next < next) next = tc_next;
     /* What the shards keep: due when unused for the age (decommit), or
      * twice that (unmap: address space only, the pages went at the first). */
-    uint64_t age = hak_cfg.bigcache_age_ms;
+    uint64_t age = hak_cfg.age_ms;
     for (uint32_t s = 0; s < LARGE_SHARDS; s++) {
         struct large_cache *lc = &large_caches[s];
         large_shard_age(lc, hak_now_ms());

@@ -628,7 +628,7 @@ bool ss_purge(bool all) {
     bool any = false;
     /* Every cache age: one timer, whoever calls. */
     if (all || now >= atomic_load_explicit(&ss_purge_next, memory_order_relaxed)) {
-        atomic_store_explicit(&ss_purge_next, now + hak_cfg.bigcache_age_ms, memory_order_relaxed);
+        atomic_store_explicit(&ss_purge_next, now + hak_cfg.age_ms, memory_order_relaxed);
         any = ss_purge_pass(all);
     }
     hak_unlock(&ss_purge_lock);

@@ -184,7 +184,7 @@ void ss_flush_counts(void);
 /* Unmap every cached SuperSlab; true when there was one. */
 bool ss_trim(void);
 /* Give back the pages of slots empty since the previous pass, at most a
- * batch of them, when a pass is due (every HAKMEM_BIGCACHE_AGE_MS; ss_release
+ * batch of them, when a pass is due (every HAKMEM_AGE_MS; ss_release
  * makes them too); with `all`, of every empty slot now (malloc_trim). true
  * when some went. An empty slot keeps its pages and its blocks (its class
  * takes it back without carving) until then; after, it is carved again when
