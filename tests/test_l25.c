@@ -961,7 +961,7 @@ static void test_exited_threads_bundles_keep_bounded_pages(void **state) {
     malloc_trim(0);
     uint64_t age = hak_cfg.age_ms;
     size_t bound = hak_cfg.bigcache_bytes;
-    hak_cfg.age_ms = 3600000;        /* (no ageing while it runs) */
+    hak_cfg.age_ms = 3600000;                 /* (no ageing while it runs) */
     hak_cfg.bigcache_bytes = (size_t)8 << 20; /* 16 MiB of spares: 8 bundles */
     static uint8_t *b[THIRTY];
     run_in_thread(empty_bundles, &(struct bundles_of){b, THIRTY});
