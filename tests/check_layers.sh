@@ -7,13 +7,16 @@
 #   1  superslab   core/superslab/
 #   2  tcache      core/tcache.h, core/tcache.c, core/tc_counts.h
 #   3  tiers       core/tiny.*, core/pool.*, core/l25/, core/large/,
-#                  core/check.* or core/check/ (each a module of its own)
+#                  core/check/ (each a module of its own)
 #   4  front       core/front/
 #
 # A box may include any other box (they form one layer); a tier only its
 # own files and the layers below. Fails naming file, line and the two
-# layers; then, as `--self-test` alone does, checks that the check fails on an upward include
-# added on purpose (a copy of core/ with tcache.c including the front).
+# layers; then, as `--self-test` alone does, checks that the check fails on
+# each kind of violation added on purpose to a copy of core/ (an upward
+# include, quoted, in angle brackets or through '..'; a tier including
+# another; a box including the superslab; the profiler including the
+# thread cache).
 set -euo pipefail
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 cd "$(dirname "$self")/.."
@@ -66,9 +69,9 @@ layer_of() {
     tcache.h | tcache.c | tc_counts.h) echo "2 tcache" ;;
     tiny.[ch]) echo "3 tiny" ;;
     pool.[ch]) echo "3 pool" ;;
-    l25.[ch] | l25/*) echo "3 l25" ;;
-    large.[ch] | large/*) echo "3 large" ;;
-    check.[ch] | check/*) echo "3 check" ;;
+    l25/*) echo "3 l25" ;;
+    large/*) echo "3 large" ;;
+    check/*) echo "3 check" ;;
     front/*) echo "4 front" ;;
     *) echo "? ?" ;;
     esac

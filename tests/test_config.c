@@ -118,6 +118,13 @@ static void test_age_old_name_still_read(void **state) {
     load_capturing(err, sizeof err);
     assert_string_equal(err, "");
     assert_int_equal(hak_cfg.age_ms, 300);
+    /* A refused new value is not replaced by the old name's: the warning
+     * says the default is used, and it is. */
+    hak_cfg.age_ms = HAK_CFG_AGE_MS_DEFAULT;
+    setenv("HAKMEM_AGE_MS", "0", 1);
+    load_capturing(err, sizeof err);
+    assert_non_null(strstr(err, "HAKMEM_AGE_MS"));
+    assert_int_equal(hak_cfg.age_ms, HAK_CFG_AGE_MS_DEFAULT);
 }
 
 /* HAKMEM_STATS=json: the JSON report; HAKMEM_STATS_FILE: where it goes,

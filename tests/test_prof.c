@@ -1,4 +1,4 @@
-/* The heap profiler's dump (core/prof/prof.c) where it could hang, fail or
+/* The heap profiler's dump (core/prof/dump.c) where it could hang, fail or
  * count wrong: a lock held for good (exit from a signal handler that
  * interrupted a sample), a dumping thread cancelled, paths longer than the
  * diagnostics buffer, allocations that fail, and blocks realloc resizes

@@ -98,10 +98,10 @@ void config_load(void) {
     config_stats_path();
     if (config_int("HAKMEM_BIGCACHE_MB", 0, 65536, &v)) hak_cfg.bigcache_bytes = (size_t)v << 20;
     /* The age of every tier's free memory; HAKMEM_BIGCACHE_AGE_MS, its
-     * name from when it aged the BigCache alone, is still read (the new
-     * name wins when both are set). */
-    if (config_int("HAKMEM_AGE_MS", 1, 3600000, &v) ||
-        config_int("HAKMEM_BIGCACHE_AGE_MS", 1, 3600000, &v))
+     * name from when it aged the BigCache alone, is read when the new name
+     * is not set (set, the new name wins, even with a value it refuses). */
+    const char *age = getenv("HAKMEM_AGE_MS");
+    if (config_int(age && *age ? "HAKMEM_AGE_MS" : "HAKMEM_BIGCACHE_AGE_MS", 1, 3600000, &v))
         hak_cfg.age_ms = v;
     if (config_int("HAKMEM_LARGE_TCACHE_MB", 0, 1024, &v))
         hak_cfg.large_tcache_bytes = (size_t)v << 20;

@@ -1,7 +1,7 @@
 /* Large tier: the heap profiler's blocks. A block it samples
  * (large_alloc_sampled), among them the small classes' blocks it moves
  * here, whose mappings are bounded (LARGE_SAMPLED_MAX; the spares their
- * freed mappings wait in are cache.c's), and the rare parts of a block's
+ * freed mappings wait in are spare.c's), and the rare parts of a block's
  * sample, or its chance of one, following it through realloc (large_follow,
  * in internal.h). */
 #include "large/internal.h"
