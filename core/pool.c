@@ -303,7 +303,7 @@ static void pool_give_back(uint32_t cls, void *b, uint32_t n) {
     }
 }
 
-/* The list is full: p alone goes back, not half the list (tc_overflow). A
+/* The list is full: p alone goes back, not half the list (tcache.h). A
  * Pool miss takes one block from the chunks, not a batch, so a list halved
  * here would send the next allocations there one at a time (bench_fixed_size
  * at 20000 B: 47 instructions more a pair). */

@@ -166,7 +166,17 @@ static inline uint32_t tc_batch(uint32_t cls) {
     return tc_self.cap[cls] / 2u;
 }
 
-/* ---- blocks back to their tier: the one flush protocol -------------------- */
+/* ---- blocks back to their tier: the one flush protocol -------------------- *
+ *
+ * Every tier returns cached blocks through these, with its own give-back.
+ * What a full list does when free's push fails (tc_push false, the room
+ * refunded first) is the tier's, as its misses differ:
+ *   Tiny   grows the list when its batches outgrow it (tc_grow); else half
+ *          the list back (tc_flush), the cap fitted, then the push
+ *   Pool   the freed block alone back: a Pool miss takes one block, not a
+ *          batch, so a halved list would send the next allocations to the
+ *          chunks one at a time
+ *   L2.5   half the list back (tc_flush), then the push */
 
 /* A tier's way back for cached blocks: the chain `first` of n blocks of cls
  * (linked through word 0, already off the list) returned to the slabs,
@@ -194,25 +204,6 @@ static inline void tc_flush_list(uint32_t cls, tc_give_fn *give) {
 static inline void tc_flush_all(uint32_t first, uint32_t end, tc_give_fn *give) {
     for (uint32_t cls = first; cls < end; cls++)
         tc_flush_list(cls, give);
-}
-
-/* free's push of p failed (tc_push returned false) and the caller refunded
- * the room: the list is full, so half of it goes back and p stays. (Closed
- * caches with a heap to give p to do not occur: a tier's heap comes with
- * open caches and goes before they close. Defensive: p goes back alone.)
- * Tiny's slow path is this with two steps of its own: a list its batches
- * outgrow grows instead, and the cap is fitted between the flush and the
- * push (tiny.c). Pool gives p alone back: its misses take one block, not a
- * batch (pool.c). */
-static inline void tc_overflow(uint32_t cls, void *p, tc_give_fn *give) {
-    if (!tc_self.open) {
-        *(void **)p = NULL;
-        give(cls, p, 1);
-        return;
-    }
-    uint32_t half = tc_batch(cls);
-    tc_flush(cls, half ? half : 1, give);
-    (void)tc_push(cls, p);
 }
 
 /* The capacity of cls set to cap (its room with it): the list holds no more

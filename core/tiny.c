@@ -495,7 +495,7 @@ void tiny_free_slow(void *p, struct ss_slab *s) {
         h->grew[cls] |= h->refilled[cls];
         h->refilled[cls] = false;
     }
-    if (!grew) { /* (tc_overflow's flush, with the cap fitted before p goes in) */
+    if (!grew) { /* (half back, the cap fitted before p goes in: tcache.h) */
         tc_flush(cls, tc_batch(cls), tiny_give_back);
         tiny_fit_cap(h, cls);
     }

@@ -287,7 +287,15 @@ static void l25_give_back(uint32_t cls, void *p, uint32_t n) {
 
 void l25_free_slow(void *p, uint32_t cls) {
     tc_refund(cls);
-    tc_overflow(cls, p, l25_give_back);
+    if (!tc_self.open) { /* (never with a heap: defensive) */
+        *(void **)p = NULL;
+        l25_give_back(cls, p, 1);
+        return;
+    }
+    /* Full: half back, then p in (tcache.h). */
+    uint32_t half = tc_batch(cls);
+    tc_flush(cls, half ? half : 1, l25_give_back);
+    tc_push(cls, p);
 }
 
 void l25_free_other(void *p, struct l25_bundle *b) {
