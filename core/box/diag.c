@@ -56,7 +56,7 @@ static const char *const diag_kinds[] = {
     [DIAG_INVALID_POINTER] = "invalid pointer", [DIAG_DOUBLE_FREE] = "double free",
     [DIAG_SIZE_MISMATCH] = "size mismatch",     [DIAG_HEAP_UNDERFLOW] = "heap underflow",
     [DIAG_HEAP_OVERFLOW] = "heap overflow",     [DIAG_WRITE_AFTER_FREE] = "write after free",
-    [DIAG_MISMATCHED_FREE] = "mismatched free",
+    [DIAG_MISMATCHED_FREE] = "mismatched free", [DIAG_USE_AFTER_FREE] = "use after free",
 };
 static const char *const diag_tiers[] = {
     [TIER_NONE] = "",    [TIER_TINY] = "tiny",   [TIER_POOL] = "pool",
@@ -97,10 +97,11 @@ static void diag_detail(struct diag_buf *b, const struct diag_bug *bug) {
     case DIAG_HEAP_UNDERFLOW:
     case DIAG_HEAP_OVERFLOW:
     case DIAG_WRITE_AFTER_FREE:
+    case DIAG_USE_AFTER_FREE:
         diag_str(b, "byte ");
         if (bug->at < 0) diag_str(b, "-");
         diag_u64(b, bug->at < 0 ? (uint64_t)-bug->at : (uint64_t)bug->at);
-        diag_str(b, " written, ");
+        diag_str(b, bug->read ? " read, " : " written, ");
         break;
     case DIAG_MISMATCHED_FREE:
         diag_str(b, "allocated by ");

@@ -18,6 +18,7 @@ enum diag_kind {
     DIAG_HEAP_OVERFLOW,
     DIAG_WRITE_AFTER_FREE,
     DIAG_MISMATCHED_FREE, /* freed by another family than allocated it (free of new's) */
+    DIAG_USE_AFTER_FREE,  /* a memory operation on a freed block (checked mode) */
 };
 
 /* The API family a block was allocated through (malloc and its kin,
@@ -40,6 +41,7 @@ struct diag_bug {
     size_t block;
     size_t given;   /* size mismatch: the size the caller gave */
     ptrdiff_t at;   /* underflow, overflow, write after free: the byte written, from p */
+    bool read;      /* ... read, not written (a memory operation's source) */
     const char *by; /* mismatched free: the call that allocated the block */
 };
 

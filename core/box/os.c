@@ -2,6 +2,7 @@
  * syscall when the kernel honours it, which it does unless the range is taken)
  * and fall back to over-mapping and trimming. */
 #include "box/os.h"
+#include "box/libc.h"
 #include "box/tier.h"
 #include "box/clock.h"
 
@@ -480,11 +481,11 @@ static void os_clear(void *p, size_t size) {
         size_t n = size - at < sizeof in * HAK_PAGE_SIZE ? size - at : sizeof in * HAK_PAGE_SIZE;
         uint8_t *q = (uint8_t *)p + at;
         if (mincore(q, n, in) != 0) {
-            memset(q, 0, n);
+            libc_mem.set(q, 0, n);
             continue;
         }
         for (size_t i = 0; i * HAK_PAGE_SIZE < n; i++)
-            if (in[i] & 1) memset(q + i * HAK_PAGE_SIZE, 0, HAK_PAGE_SIZE);
+            if (in[i] & 1) libc_mem.set(q + i * HAK_PAGE_SIZE, 0, HAK_PAGE_SIZE);
     }
 }
 

@@ -3,6 +3,7 @@
  * back address space when the OS refuses a mapping (chk_map). */
 #include "check/internal.h"
 
+#include "box/libc.h"
 #include "box/lock.h"
 #include "box/os.h"
 #include "box/usage.h"
@@ -26,8 +27,42 @@ void chk_big_tail(const struct chk_big *b) {
 
 static uint8_t *chk_big_reuse(size_t map, size_t data_len);
 
-/* A block of n bytes with room for cap >= n in place; `zero`: calloc's. */
-void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap, bool zero) {
+/* The live big blocks, for the walk at exit (chk_q_lock). */
+static struct chk_big *chk_big_live;
+
+static void chk_big_link(struct chk_big *b) {
+    b->prev = NULL;
+    b->next = chk_big_live;
+    if (b->next != NULL) b->next->prev = b;
+    chk_big_live = b;
+}
+
+static void chk_big_unlink(struct chk_big *b) {
+    if (b->prev != NULL)
+        b->prev->next = b->next;
+    else
+        chk_big_live = b->next;
+    if (b->next != NULL) b->next->prev = b->prev;
+}
+
+void chk_walk_big(const char *fn) {
+    hak_lock(&chk_q_lock);
+    for (const struct chk_big *b = chk_big_live; b != NULL; b = b->next) {
+        uint64_t w = chk_canary((uintptr_t)b);
+        uintptr_t t = b->u + b->n, end = b->end - t > CHK_BIG_TAIL ? t + CHK_BIG_TAIL : b->end;
+        uintptr_t below = chk_unpainted(b->lo, b->u, w), above = chk_unpainted(t, end, w);
+        if (below == b->u && above == end) continue;
+        uintptr_t u = b->u;
+        size_t n = b->n;
+        hak_unlock(&chk_q_lock);
+        if (below != u) chk_report(fn, DIAG_HEAP_UNDERFLOW, u, n, -(ptrdiff_t)(u - below));
+        chk_report(fn, DIAG_HEAP_OVERFLOW, u, n, (ptrdiff_t)(above - u));
+    }
+    hak_unlock(&chk_q_lock);
+}
+
+/* A block of n bytes with room for cap >= n in place, zeroed. */
+void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap) {
     if (cap > HAK_MAX_REQUEST - align - 4 * HAK_REGION_SIZE) {
         errno = ENOMEM;
         return NULL;
@@ -63,8 +98,9 @@ void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap, bool zero)
     b->fam = fam;
     b->kept = false;
     b->check = chk_key((uintptr_t)base) ^ b->u;
-    /* (A reused mapping holds its last block's bytes.) */
-    if (zero && !fresh) memset((void *)b->u, 0, n);
+    /* A reused mapping holds its last block's bytes: cleared, the block and
+     * its room to grow, so no owner reads another's (fresh pages are zero). */
+    if (!fresh) libc_mem.set((void *)b->u, 0, b->end - b->u);
     /* Canary down to the guard page; but below a big alignment's gap (up to
      * the alignment: gigabytes for posix_memalign(2^33)) a page of it, and
      * the rest inaccessible: painting it all made every page resident. */
@@ -76,6 +112,9 @@ void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap, bool zero)
     chk_paint(b->lo, b->u, chk_canary((uintptr_t)base));
     chk_big_tail(b);
     atomic_store_explicit(&b->state, CHK_LIVE, memory_order_release);
+    hak_lock(&chk_q_lock);
+    chk_big_link(b);
+    hak_unlock(&chk_q_lock);
     usage_add((int64_t)n);
     return (void *)b->u;
 }
@@ -126,6 +165,7 @@ static struct chk_big *chk_q_big_pop(void) {
 void chk_quarantine_big(struct chk_big *b) {
     size_t len = b->end - b->data;
     hak_lock(&chk_q_lock);
+    chk_big_unlink(b);
     b->kept = chk_q_big_kept + len <= CHK_Q_BIG_KEEP;
     if (b->kept) chk_q_big_kept += len;
     hak_unlock(&chk_q_lock);

@@ -13,9 +13,13 @@
  * Canary bytes come from a per-process secret and have the high bit set, so
  * no ASCII text and no string terminator matches them. free checks both
  * canaries (underflow, overflow), the state (double free) and the family
- * (free of new's block), wipes the slot with a pattern and puts it in a
- * quarantine; malloc verifies the pattern before handing the slot out again
- * (write after free), and so does exit for what is still in quarantine.
+ * (free of new's block), zeroes the slot and puts it in a quarantine;
+ * malloc verifies the zeros before handing the slot out again (write after
+ * free), and so do exit and malloc_trim for every freed slot, and the
+ * canaries of every live block (an overflow of a block never freed).
+ * Every block handed out is zeroed. The slab regions' slots lie in halves
+ * between guard pages less than 1 MiB apart, so a run of writes that long
+ * from any block faults.
  * Bigger blocks get a mapping each, the block's end against a guard page;
  * freed, their pages are dropped and made read-only. malloc(0) gives a
  * unique address in an inaccessible reservation. */
@@ -50,14 +54,23 @@ void *chk_realloc(void *p, uint32_t e, size_t n);
 /* The size p was allocated for; reports, as free would, a p that is not a
  * live block. */
 size_t chk_usable_size(const void *p, uint32_t e, const char *fn);
+/* A memory operation `fn` (memcpy, strcpy, ...) about to write (or read,
+ * !write) the n > 0 bytes at p: a range that crosses the start or end of a
+ * live block of the tier, or touches a freed one, is reported, and aborts.
+ * Memory that is not the tier's passes. */
+void chk_range(const char *fn, const void *p, size_t n, bool write);
 /* Whether p is a live block, and its size. */
 bool chk_is_live(const void *p, uint32_t e, size_t *size);
 
 /* A thread's exit: its cache (quarantine, free slots) goes to the next new
  * thread. */
 void chk_thread_exit(void);
-/* At exit: verify the blocks still in quarantine (this thread's and those
- * of threads that ended). */
+/* Every block the tier holds, looked at (exit, malloc_trim; `fn` names
+ * it in a report): a freed slot must still be zero, a live block's
+ * canaries intact. What another thread is changing meanwhile is left
+ * alone. */
+void chk_walk(const char *fn);
+/* At exit: chk_walk, when the tier is on. */
 void chk_exit(void);
 void chk_fork_prepare(void);
 void chk_fork_release(bool child);

@@ -37,7 +37,10 @@ static inline uint32_t chk_payload(uint32_t arg, uint32_t sub) {
 #define CHK_HDR      ((size_t)16)
 #define CHK_SLOT_MAX ((size_t)128 << 10) /* bigger slots: a mapping each */
 
-enum { CHK_LIVE = 1, CHK_FREED = 2 };
+/* A slot's state. WIPING: its free has begun and is zeroing it (a second
+ * free, or a look at the slot, takes it as freed; the walk at exit leaves
+ * it alone). */
+enum { CHK_LIVE = 1, CHK_FREED = 2, CHK_WIPING = 3 };
 
 /* ---- values from the secret ---------------------------------------------- */
 
@@ -72,7 +75,6 @@ static inline uint64_t chk_key(uintptr_t slot) {
 static inline uint64_t chk_canary(uintptr_t slot) {
     return chk_salted(slot, chk_scanary) | 0x8080808080808080ull;
 }
-extern HAK_HIDDEN uint8_t chk_wipe_byte; /* what freed slots are filled with */
 
 /* The 8 bytes at address a of the pattern w (byte x % 8 of w at address
  * x), as a little-endian word. */
@@ -142,10 +144,6 @@ static inline uintptr_t chk_unpainted(uintptr_t a, uintptr_t end, uint64_t w) {
     return chk_unpainted_long(a, end, w);
 }
 
-static inline uint64_t chk_wipe_word(void) {
-    return chk_wipe_byte * 0x0101010101010101ull;
-}
-
 /* ---- reports (verdict.c) ---------------------------------------------------- */
 
 _Noreturn void chk_report(const char *fn, enum diag_kind kind, uintptr_t p, size_t n, ptrdiff_t at);
@@ -155,8 +153,10 @@ _Noreturn void chk_report(const char *fn, enum diag_kind kind, uintptr_t p, size
 struct chk_region {
     uint32_t cls;
     uint32_t size; /* slot size */
+    uint32_t per;  /* slots in each half */
     uint32_t nslots;
     _Atomic uint32_t carved; /* slots cut so far, from the front */
+    struct chk_region *next; /* the class's regions, newest first */
 };
 
 /* A class's slots no thread holds: a free list (links encoded, see
@@ -166,6 +166,7 @@ struct chk_class {
     pthread_mutex_t lock;
     uintptr_t free;
     struct chk_region *cur;
+    struct chk_region *_Atomic all; /* every region, for the walk at exit */
 };
 extern HAK_HIDDEN struct chk_class chk_classes[SMALL_NCLASSES];
 
@@ -206,15 +207,15 @@ static inline bool chk_decode(uint64_t w, uint64_t key, size_t size, struct chk_
     s->fam = low >> 20 & 3;
     s->state = low >> 22 & 3;
     s->uoff = (low >> 24) * 16;
-    return (i ^ chk_info_hash(low, key)) >> CHK_INFO_BITS == 0 &&
-           (s->state == CHK_LIVE || s->state == CHK_FREED) && s->fam <= API_NEW_ARRAY &&
-           s->uoff >= CHK_HDR && s->uoff + s->n < size;
+    return (i ^ chk_info_hash(low, key)) >> CHK_INFO_BITS == 0 && s->state != 0 &&
+           s->fam <= API_NEW_ARRAY && s->uoff >= CHK_HDR && s->uoff + s->n < size;
 }
 
 static inline struct chk_region *chk_region_of(uintptr_t a) {
     return (struct chk_region *)rmap_region_base((void *)a);
 }
 uintptr_t chk_slot_of(uintptr_t a, const struct chk_region *r);
+uintptr_t chk_slot_at(uintptr_t x, const struct chk_region *r);
 
 /* ---- per-thread slot caches (slots.c) --------------------------------------- */
 
@@ -238,6 +239,9 @@ static inline struct chk_thread *chk_thread_get(bool *lent) {
 }
 void chk_class_push(uint32_t cls, uintptr_t head, uintptr_t last);
 void chk_quarantine(struct chk_thread *t, uintptr_t slot, size_t size, const char *fn);
+/* Every slot, every live big block (exit, malloc_trim): see chk_walk. */
+void chk_walk_slots(const char *fn);
+void chk_walk_big(const char *fn);
 void *chk_slab_alloc(size_t n, size_t align, unsigned fam);
 
 /* (Here, not in slots.c: inlined in chk_inspect, on every free.) */
@@ -266,11 +270,12 @@ struct chk_big {
     uintptr_t lo; /* the canary below the block: [lo, u) */
     _Atomic uint32_t state;
     uint32_t fam;
-    bool kept; /* freed, its pages kept (inaccessible) for reuse */
+    bool kept;                   /* freed, its pages kept (inaccessible) for reuse */
+    struct chk_big *prev, *next; /* live, on chk_big_live (chk_q_lock) */
 };
 
 void chk_big_tail(const struct chk_big *b);
-void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap, bool zero);
+void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap);
 void chk_big_canaries(const struct chk_big *b, const char *fn);
 
 /* Their quarantine; chk_map: a mapping for the tier (slab regions too). */

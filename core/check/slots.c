@@ -12,10 +12,16 @@
 
 /* ---- slab regions ------------------------------------------------------------ */
 
-/* A slab region: its descriptor alone in the first page, a guard page (an
- * underflow below the first slot faults there), then slots. */
-#define CHK_FIRST     (2 * HAK_PAGE_SIZE)
-#define CHK_SLOTS_END (HAK_REGION_SIZE - HAK_PAGE_SIZE) /* then a guard page */
+/* A slab region: two halves of slots, each between guard pages, so that a
+ * run of writes 1 MiB long from any block, up or down, faults:
+ *
+ *   [descriptor][guard][slots of half 0][guard][guard, guard][slots of half 1][guard]
+ *   0           4K     8K               1M-4K  1M            1M+8K            2M-4K
+ *
+ * A slot never straddles a guard: each half holds chk_region.per slots. */
+#define CHK_HALF  (HAK_REGION_SIZE / 2)
+#define CHK_FIRST (2 * HAK_PAGE_SIZE)            /* a half's first slot, from the half's start */
+#define CHK_SPAN  (CHK_HALF - 3 * HAK_PAGE_SIZE) /* a half's slots: CHK_FIRST to a guard page */
 
 HAK_HIDDEN struct chk_class chk_classes[SMALL_NCLASSES] = {
     [0 ... SMALL_NCLASSES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
@@ -25,13 +31,29 @@ static bool chk_read(uintptr_t slot, size_t size, struct chk_slot *s) {
                       size, s);
 }
 
+/* The i-th slot of r. */
+static inline uintptr_t chk_slot_addr(const struct chk_region *r, uint32_t i) {
+    uint32_t h = i >= r->per;
+    return (uintptr_t)r + h * CHK_HALF + CHK_FIRST + (size_t)(i - h * r->per) * r->size;
+}
+
+/* The slot cut so far that holds byte x of r, or 0 (guard pages, the
+ * descriptor, the slack at a half's end, slots not cut yet). */
+uintptr_t chk_slot_at(uintptr_t x, const struct chk_region *r) {
+    uintptr_t off = x - (uintptr_t)r;
+    uint32_t h = off >= CHK_HALF;
+    off -= h * CHK_HALF;
+    if (off < CHK_FIRST || off >= CHK_FIRST + CHK_SPAN) return 0;
+    size_t i = small_class_div(r->cls, off - CHK_FIRST);
+    if (i >= r->per) return 0;
+    if (h * r->per + i >= atomic_load_explicit(&r->carved, memory_order_acquire)) return 0;
+    return x - (off - CHK_FIRST - i * r->size);
+}
+
 /* The slot whose block could start at a (from its header on), or 0. */
 uintptr_t chk_slot_of(uintptr_t a, const struct chk_region *r) {
-    uintptr_t first = (uintptr_t)r + CHK_FIRST;
-    if ((a & 15) || a < first + CHK_HDR) return 0;
-    size_t i = small_class_div(r->cls, a - first - CHK_HDR);
-    if (i >= atomic_load_explicit(&r->carved, memory_order_acquire)) return 0;
-    return first + i * r->size;
+    if ((a & 15) || a - (uintptr_t)r < CHK_HDR) return 0;
+    return chk_slot_at(a - CHK_HDR, r);
 }
 
 static struct chk_region *chk_region_new(uint32_t cls) {
@@ -43,11 +65,16 @@ static struct chk_region *chk_region_new(uint32_t cls) {
     }
     /* (Refused, at the map count limit: no guard, no other harm.) */
     (void)os_guard(base + HAK_PAGE_SIZE, HAK_PAGE_SIZE);
-    (void)os_guard(base + CHK_SLOTS_END, HAK_PAGE_SIZE);
+    (void)os_guard(base + CHK_HALF - HAK_PAGE_SIZE, 3 * HAK_PAGE_SIZE);
+    (void)os_guard(base + HAK_REGION_SIZE - HAK_PAGE_SIZE, HAK_PAGE_SIZE);
     struct chk_region *r = (struct chk_region *)base;
     r->cls = cls;
     r->size = small_class_size[cls];
-    r->nslots = (uint32_t)((CHK_SLOTS_END - CHK_FIRST) / r->size);
+    r->per = (uint32_t)(CHK_SPAN / r->size);
+    r->nslots = 2 * r->per;
+    /* (On the class's list of every region, for the walk at exit.) */
+    r->next = atomic_load_explicit(&chk_classes[cls].all, memory_order_relaxed);
+    atomic_store_explicit(&chk_classes[cls].all, r, memory_order_release);
     return r;
 }
 
@@ -70,7 +97,7 @@ static bool chk_link_ok(uintptr_t next, uint32_t cls) {
     if (next == 0) return true;
     if (rmap_get((void *)next) != rmap_entry(TIER_CHECK, chk_payload(cls, CHK_SLAB))) return false;
     const struct chk_region *r = chk_region_of(next);
-    return next >= (uintptr_t)r + CHK_FIRST && chk_slot_of(next + CHK_HDR, r) == next;
+    return chk_slot_of(next + CHK_HDR, r) == next;
 }
 
 /* Where a freed slot's block was, for reports: its start and size. */
@@ -83,9 +110,9 @@ static uintptr_t chk_old_block(uintptr_t slot, size_t size, size_t *n) {
 }
 
 /* A slot leaving the free list: every byte after its header must still be
- * the wipe pattern. */
+ * zero, as its free left it. */
 static void chk_verify_wipe(uintptr_t slot, size_t size, const char *fn) {
-    uintptr_t bad = chk_unpainted(slot + CHK_HDR, slot + size, chk_wipe_word());
+    uintptr_t bad = chk_unpainted(slot + CHK_HDR, slot + size, 0);
     if (hak_likely(bad == slot + size)) return;
     size_t n;
     uintptr_t u = chk_old_block(slot, size, &n);
@@ -197,11 +224,13 @@ static bool chk_refill(struct chk_thread *t, uint32_t cls) {
         c->cur = r;
     }
     uint32_t i = atomic_load_explicit(&r->carved, memory_order_relaxed);
-    uint32_t m = r->nslots - i < k ? r->nslots - i : k;
+    /* (Up to the end of i's half: the slots cut are contiguous.) */
+    uint32_t left = (i < r->per ? r->per : r->nslots) - i;
+    uint32_t m = left < k ? left : k;
     /* (Cut is what a pointer must be in to be a block: chk_slot_of.) */
     atomic_store_explicit(&r->carved, i + m, memory_order_release);
     hak_unlock(&c->lock);
-    t->fresh[cls] = (uintptr_t)r + CHK_FIRST + (size_t)i * r->size;
+    t->fresh[cls] = chk_slot_addr(r, i);
     t->fresh_end[cls] = t->fresh[cls] + (size_t)m * r->size;
     return true;
 }
@@ -290,25 +319,61 @@ void chk_thread_exit(void) {
     chk_me = NULL;
 }
 
-/* Verify the wipe of everything in t's quarantine (exit). */
-static void chk_thread_verify(const struct chk_thread *t) {
-    for (size_t i = 0; i < CHK_T_RAND; i++)
-        if (t->rand[i]) chk_verify_wipe(t->rand[i], chk_region_of(t->rand[i])->size, "exit");
-    for (size_t i = 0; i < t->n; i++) {
-        uintptr_t x = t->ring[(t->head + i) % CHK_T_RING];
-        chk_verify_wipe(x, chk_region_of(x)->size, "exit");
+/* The first byte of slot (state s, word0 w) that is wrong, or 0: a freed
+ * slot's bytes after its header must be zero, a live block's canaries
+ * intact. *kind: what the byte is. */
+static uintptr_t chk_slot_bad(uintptr_t slot, size_t size, const struct chk_slot *s,
+                              enum diag_kind *kind) {
+    uintptr_t u = slot + s->uoff, end = slot + size, bad;
+    if (s->state == CHK_FREED) {
+        *kind = DIAG_WRITE_AFTER_FREE;
+        bad = chk_unpainted(slot + CHK_HDR, end, 0);
+        return bad != end ? bad : 0;
+    }
+    uint64_t w = chk_canary(slot);
+    *kind = DIAG_HEAP_UNDERFLOW;
+    if ((bad = chk_unpainted(slot + 8, u, w)) != u) return bad;
+    *kind = DIAG_HEAP_OVERFLOW;
+    bad = chk_unpainted(u + s->n, end, w);
+    return bad != end ? bad : 0;
+}
+
+/* Every slot cut from every region. Other threads may be freeing,
+ * allocating and resizing meanwhile: a slot whose word0 is not the same
+ * after the look as before is left alone (a free changes it before it
+ * zeroes, a malloc after it paints, a realloc before the block grows), and
+ * so is one being zeroed (CHK_WIPING). */
+void chk_walk_slots(const char *fn) {
+    for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
+        const struct chk_region *r =
+            atomic_load_explicit(&chk_classes[cls].all, memory_order_acquire);
+        for (; r != NULL; r = r->next) {
+            uint32_t carved = atomic_load_explicit(&r->carved, memory_order_acquire);
+            for (uint32_t i = 0; i < carved; i++) {
+                uintptr_t slot = chk_slot_addr(r, i);
+                uint64_t w = atomic_load_explicit(chk_word0(slot), memory_order_acquire);
+                struct chk_slot s;
+                enum diag_kind kind;
+                if (w == 0 || !chk_decode(w, chk_key(slot), r->size, &s) || s.state == CHK_WIPING)
+                    continue;
+                uintptr_t bad = chk_slot_bad(slot, r->size, &s, &kind);
+                atomic_thread_fence(memory_order_acquire);
+                if (bad == 0 || atomic_load_explicit(chk_word0(slot), memory_order_relaxed) != w)
+                    continue;
+                uintptr_t u = slot + s.uoff;
+                chk_report(fn, kind, u, s.n, (ptrdiff_t)(bad - u));
+            }
+        }
     }
 }
 
+void chk_walk(const char *fn) {
+    chk_walk_slots(fn);
+    chk_walk_big(fn);
+}
+
 void chk_exit(void) {
-    if (!chk_on) return;
-    /* This thread's quarantine and those of threads that ended: any other
-     * thread may be changing its own now. */
-    if (chk_me != NULL) chk_thread_verify(chk_me);
-    hak_lock(&chk_t_lock);
-    for (const struct chk_thread *t = chk_t_unowned; t != NULL; t = t->next)
-        chk_thread_verify(t);
-    hak_unlock(&chk_t_lock);
+    if (chk_on) chk_walk("exit");
 }
 
 void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
@@ -322,7 +387,13 @@ void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
         errno = ENOMEM;
         return NULL;
     }
-    if (wiped) chk_verify_wipe(slot, size, "malloc");
+    if (wiped) {
+        chk_verify_wipe(slot, size, "malloc");
+        /* Not freed any more, not live yet: the walk at exit leaves a word0
+         * of 0 alone, and this store is seen before any of the paint. */
+        atomic_store_explicit(chk_word0(slot), 0, memory_order_relaxed);
+        atomic_thread_fence(memory_order_release);
+    }
     uintptr_t u = hak_align_up(slot + CHK_HDR, align);
     uint64_t w = chk_canary(slot);
     chk_paint(slot + 8, u, w);        /* word1 and the gap below an aligned block */

@@ -5,6 +5,7 @@
  * and malloc(0) are slots.c's, big.c's and zero.c's. */
 #include "check/internal.h"
 
+#include "box/libc.h"
 #include "box/lock.h"
 #include "box/secret.h"
 #include "box/tier.h"
@@ -19,7 +20,6 @@ HAK_HIDDEN bool chk_on;
 
 /* From the secret at chk_start: see internal.h. */
 HAK_HIDDEN uint64_t chk_skey, chk_scanary, chk_slink, chk_hmul;
-HAK_HIDDEN uint8_t chk_wipe_byte; /* what freed slots are filled with */
 
 /* ---- reports ---------------------------------------------------------------- */
 
@@ -94,9 +94,8 @@ static enum chk_verdict chk_find(uintptr_t a, uint32_t e, struct chk_block *b) {
         if (b->slot + b->s.uoff != a) return CHK_NOT_A_BLOCK;
         return b->s.state == CHK_LIVE ? CHK_IS_LIVE : CHK_IS_FREED;
     }
-    /* A slot cut for a thread and not handed out yet: zero throughout (one
-     * ever handed out ends in canary or wipe bytes, high bits set). */
-    if (b->word == 0 && *(const uint8_t *)(b->slot + b->size - 1) == 0) return CHK_NOT_A_BLOCK;
+    /* A slot cut for a thread and not handed out yet: word0 zero. */
+    if (b->word == 0) return CHK_NOT_A_BLOCK;
     /* An underflow reaching at least word0, below the canary. */
     return a == b->slot + CHK_HDR ? CHK_IS_OVERWRITTEN : CHK_NOT_A_BLOCK;
 }
@@ -140,11 +139,19 @@ static void chk_release_block_as(uintptr_t a, const struct chk_block *b, const c
     /* (From the header chk_find read: another thread's free of it between
      * then and now makes the exchange fail.) */
     uint64_t live = b->word;
-    uint64_t freed = chk_header(b->key, b->s.n, b->s.fam, CHK_FREED, b->s.uoff);
-    if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, freed))
+    uint64_t wiping = chk_header(b->key, b->s.n, b->s.fam, CHK_WIPING, b->s.uoff);
+    if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, wiping))
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, TIER_CHECK, b->s.n);
+    atomic_thread_fence(memory_order_release); /* WIPING is seen before any zero */
     usage_add(-(int64_t)b->s.n);
-    memset((void *)(b->slot + CHK_HDR), chk_wipe_byte, b->size - CHK_HDR);
+    /* Zeroed: no later owner, nor a dangling pointer, reads the program's
+     * bytes; the slot's next malloc verifies the zeros (write after free)
+     * and so hands out a zeroed block. (libc's memset: the exported one
+     * checks, and this slot is no live block now.) */
+    libc_mem.set((void *)(b->slot + CHK_HDR), 0, b->size - CHK_HDR);
+    atomic_store_explicit(chk_word0(b->slot),
+                          chk_header(b->key, b->s.n, b->s.fam, CHK_FREED, b->s.uoff),
+                          memory_order_release);
     bool lent;
     struct chk_thread *t = chk_thread_get(&lent);
     if (hak_unlikely(t == NULL)) { /* no memory for a cache: straight back to its class */
@@ -165,7 +172,7 @@ static void chk_release_block(uintptr_t a, const struct chk_block *b, const char
 
 /* ---- the tier's interface -------------------------------------------------------- */
 
-static void *chk_alloc_as(size_t n, size_t align, enum api_family f, bool zero) {
+void *chk_alloc(size_t n, size_t align, enum api_family f) {
     if (align < HAK_MIN_ALIGN) align = HAK_MIN_ALIGN;
     /* (new's zero-size blocks need their family: a slot.) */
     if (n == 0 && align == HAK_MIN_ALIGN && f == API_MALLOC) {
@@ -177,11 +184,7 @@ static void *chk_alloc_as(size_t n, size_t align, enum api_family f, bool zero) 
         return NULL;
     }
     if (n + align - HAK_MIN_ALIGN + CHK_HDR + 1 <= CHK_SLOT_MAX) return chk_slab_alloc(n, align, f);
-    return chk_big_alloc(n, align, f, n, zero);
-}
-
-void *chk_alloc(size_t n, size_t align, enum api_family f) {
-    return chk_alloc_as(n, align, f, false);
+    return chk_big_alloc(n, align, f, n);
 }
 
 void chk_free(void *p, uint32_t e, const char *fn) {
@@ -207,6 +210,7 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
         if (n < b.s.n) chk_paint(a + n, a + b.s.n, chk_canary(b.slot));
         atomic_store_explicit(chk_word0(b.slot), chk_header(b.key, n, b.s.fam, CHK_LIVE, b.s.uoff),
                               memory_order_release);
+        atomic_thread_fence(memory_order_release); /* before the program writes its new bytes */
         usage_add((int64_t)n - (int64_t)b.s.n);
         return p;
     }
@@ -215,8 +219,10 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
         size_t room = g->end - a;
         if (n <= room && n > room / 4 && n + CHK_HDR + 1 > CHK_SLOT_MAX) {
             usage_add((int64_t)n - (int64_t)g->n);
+            hak_lock(&chk_q_lock); /* (the walk at exit reads n and the tail) */
             g->n = n;
             chk_big_tail(g);
+            hak_unlock(&chk_q_lock);
             return p;
         }
     }
@@ -230,24 +236,22 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
     } else {
         int saved = errno;
         if (n > b.s.n && n <= HAK_MAX_REQUEST / 2)
-            q = chk_big_alloc(n, HAK_MIN_ALIGN, API_MALLOC, 2 * n, false);
+            q = chk_big_alloc(n, HAK_MIN_ALIGN, API_MALLOC, 2 * n);
         if (q == NULL) { /* shrinking, or no address space for the room */
             errno = saved;
-            q = chk_big_alloc(n, HAK_MIN_ALIGN, API_MALLOC, n, false);
+            q = chk_big_alloc(n, HAK_MIN_ALIGN, API_MALLOC, n);
         }
     }
     if (q == NULL) return NULL;
-    memcpy(q, p, b.s.n < n ? b.s.n : n);
+    libc_mem.cpy(q, p, b.s.n < n ? b.s.n : n);
     chk_release_block(a, &b, "realloc");
     return q;
 }
 
+/* Every block the tier hands out is zeroed already (fresh pages, a slot's
+ * verified zeros, a reused big mapping cleared by chk_big_alloc). */
 void *chk_calloc(size_t n) {
-    void *p = chk_alloc_as(n, 0, API_MALLOC, true);
-    /* A big block is zeroed by chk_big_alloc: touching fresh pages from the
-     * OS would make all of them resident. Slots hold the wipe. */
-    if (p != NULL && chk_sub(rmap_get(p)) != CHK_BIG) memset(p, 0, n);
-    return p;
+    return chk_alloc(n, 0, API_MALLOC);
 }
 
 size_t chk_usable_size(const void *p, uint32_t e, const char *fn) {
@@ -269,7 +273,6 @@ void chk_start(void) {
     chk_scanary = chk_mix(s + 2);
     chk_slink = chk_mix(s + 3);
     chk_hmul = chk_mix(s + 4) | 1;
-    chk_wipe_byte = (uint8_t)(0x80 | (s >> 40 & 0x7f));
     chk_zero_start();
     chk_on = true;
 }
@@ -296,6 +299,7 @@ void chk_fork_release(bool child) {
 static void chk_collect(enum tier_collect kind, struct tier_done *done) {
     (void)done;
     if (kind == COLLECT_EXIT) chk_thread_exit();
+    if (kind == COLLECT_TRIM && chk_on) chk_walk("malloc_trim");
 }
 
 const struct tier_ops chk_tier = {.name = "check",

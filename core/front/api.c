@@ -7,6 +7,7 @@
 #include "hakmem.h"
 
 #include "front/internal.h"
+#include "box/libc.h"
 #include "front/report.h"
 
 #include <errno.h>
@@ -63,7 +64,7 @@ static void *front_calloc(size_t nmemb, size_t size) {
     if (n > HAK_SMALL_MAX) return front_large(n, HAK_MIN_ALIGN, true);
     void *p = front_alloc_class(small_class_of(n), n);
     if (hak_unlikely(p == NULL)) return large_alloc(n, HAK_MIN_ALIGN, true); /* last resort */
-    memset(p, 0, n);
+    libc_mem.set(p, 0, n);
     return p;
 }
 
@@ -169,7 +170,7 @@ bool front_free_sized_slow(void *p, size_t n, size_t align, bool exact, const ch
 static void *front_move(void *p, size_t keep, size_t n) {
     void *q = front_malloc(n);
     if (q == NULL) return NULL;
-    memcpy(q, p, keep < n ? keep : n);
+    libc_mem.cpy(q, p, keep < n ? keep : n);
     front_free(p, "realloc");
     return q;
 }
@@ -198,7 +199,7 @@ static void *front_realloc_class(void *p, uint32_t cls, size_t n) {
             if (q == NULL) errno = saved;
         }
         if (q) {
-            memcpy(q, p, have);
+            libc_mem.cpy(q, p, have);
             front_free(p, "realloc");
             return q;
         }

@@ -8,6 +8,7 @@
 #include "large/internal.h"
 
 #include "box/diag.h"
+#include "box/libc.h"
 #include "box/os.h"
 #include "box/rmap.h"
 #include "sizes.h"
@@ -144,7 +145,8 @@ void *large_open(struct large_hdr *h, size_t off, size_t size, bool growing, boo
     h->ready = growing && clean < room ? clean : room;
     /* (The pages before its header's are not the block's: none to bring in.) */
     if (h->ready < first) h->ready = first;
-    if (zero && clean > lead) memset(large_user(h), 0, clean - lead < size ? clean - lead : size);
+    if (zero && clean > lead)
+        libc_mem.set(large_user(h), 0, clean - lead < size ? clean - lead : size);
     large_add(LC_ALLOCS, 1);
     large_live_add((int64_t)h->map_size);
     return large_user(h);

@@ -41,6 +41,74 @@ static int underflow(size_t size, size_t n) {
     return churn(size);
 }
 
+/* The same two, but p is never freed: the program exits (no canary is
+ * looked at by a free). */
+static int overflow_nofree(size_t size, size_t n) {
+    char *p = fresh(size);
+    fill(p + size, n, 0x41);
+    return 0;
+}
+
+static int underflow_nofree(size_t size, size_t n) {
+    char *p = fresh(size);
+    fill(p - n, n, 0x41);
+    return 0;
+}
+
+/* A source for the copies below, outside the heap: 1 MiB more than the
+ * largest block, filled with 'b' and ending in a NUL. */
+static const char *copy_source(size_t len) {
+    char *m =
+        (char *)mmap(NULL, len + 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) exit(HB_SETUP);
+    fill(m, len, 'b');
+    return m;
+}
+
+/* memcpy of size + n bytes into a block of size: n bytes past its end; the
+ * block is never freed. */
+static int memcpy_over(size_t size, size_t n) {
+    char *p = fresh(size);
+    memcpy(p, copy_source(size + n), size + n);
+    return 0;
+}
+
+/* memcpy of n bytes to the n bytes before a block, never freed. */
+static int memcpy_under(size_t size, size_t n) {
+    char *p = fresh(size);
+    memcpy(p - n, copy_source(n), n);
+    return 0;
+}
+
+/* memset / memmove of size + n bytes into a block of size, never freed. */
+static int memset_over(size_t size, size_t n) {
+    char *p = fresh(size);
+    memset(p, 0x41, size + n);
+    return 0;
+}
+
+static int memmove_over(size_t size, size_t n) {
+    char *p = fresh(size);
+    memmove(p, copy_source(size + n), size + n);
+    return 0;
+}
+
+/* strcpy of a string of size characters: its NUL lands 1 byte past the end. */
+static int strcpy_over(size_t size, size_t unused) {
+    (void)unused;
+    char *p = fresh(size);
+    strcpy(p, copy_source(size));
+    return 0;
+}
+
+/* memcpy of size + n bytes out of a block: a read past its end. */
+static int memcpy_overread(size_t size, size_t n) {
+    char *p = fresh(size);
+    char *d = (char *)copy_source(size + n);
+    memcpy(d, p, size + n);
+    return 0;
+}
+
 /* Writes 8 bytes at offset off of a freed block. */
 static int uaf_write(size_t size, size_t off) {
     char *p = fresh(size);
@@ -54,6 +122,60 @@ static int uaf_write_mid(size_t size, size_t unused) {
     (void)unused;
     size_t mid = size / 2 & ~(size_t)7;
     return uaf_write(size, mid < 16 ? 16 : mid);
+}
+
+/* Writes 8 bytes in the middle of a freed block, then exits: nothing is
+ * allocated or freed after the bug. */
+static int uaf_write_exit(size_t size, size_t unused) {
+    (void)unused;
+    size_t mid = size / 2 & ~(size_t)7;
+    char *p = fresh(size);
+    free(p);
+    fill(p + (mid < 16 ? 16 : mid), 8, 0x41);
+    return 0;
+}
+
+/* Frees a block, then up to 5000 others of its size (at most 256 MiB), so
+ * that it has left any quarantine; then writes into it and exits. */
+static int uaf_write_late(size_t size, size_t unused) {
+    (void)unused;
+    size_t n = 256 * HB_MIB / size < 5000 ? 256 * HB_MIB / size : 5000;
+    size_t mid = size / 2 & ~(size_t)7;
+    char **others = (char **)malloc(n * sizeof *others);
+    char *p = fresh(size);
+    if (!others) exit(HB_SETUP);
+    for (size_t i = 0; i < n; i++)
+        if (!(others[i] = (char *)malloc(size))) exit(HB_SETUP);
+    free(p);
+    for (size_t i = 0; i < n; i++)
+        free(others[i]);
+    fill(p + (mid < 16 ? 16 : mid), 8, 0x41);
+    return 0;
+}
+
+/* Blocks of size filled with a secret and freed, up to 5000 of them (at
+ * most 256 MiB: past any quarantine), then as many allocated again and
+ * read: mitigated when none shows a word of an earlier owner's data. */
+static int uninit_read_reused(size_t size, size_t unused) {
+    (void)unused;
+    size_t n = 256 * HB_MIB / size < 5000 ? 256 * HB_MIB / size : 5000, left = 0;
+    uint64_t **b = (uint64_t **)malloc(n * sizeof *b);
+    if (!b) exit(HB_SETUP);
+    for (size_t i = 0; i < n; i++) {
+        if (!(b[i] = (uint64_t *)malloc(size))) exit(HB_SETUP);
+        for (size_t w = 0; w < size / 8; w++)
+            b[i][w] = SECRET;
+    }
+    for (size_t i = 0; i < n; i++)
+        free(b[i]);
+    for (size_t i = 0; i < n; i++)
+        if (!(b[i] = (uint64_t *)malloc(size))) exit(HB_SETUP);
+    for (size_t i = 0; i < n; i++) {
+        volatile uint64_t *v = b[i];
+        for (size_t w = 0; w < size / 8; w++)
+            left += v[w] == SECRET;
+    }
+    return left ? 0 : HB_MITIGATED;
 }
 
 /* Reads a freed block that held a secret, past its first 16 bytes (links).
@@ -266,9 +388,24 @@ static const struct kind {
     {"underflow_1", underflow, 1, ALL, 0},
     {"underflow_32", underflow, 32, ALL, 0},
     {"underflow_1m", underflow, HB_MIB, ALL, 0},
+    {"overflow_1m_nofree", overflow_nofree, HB_MIB, ALL, 0},
+    {"underflow_1m_nofree", underflow_nofree, HB_MIB, ALL, 0},
+    {"memcpy_overflow_1", memcpy_over, 1, ALL, T_TINY | T_POOL},
+    {"memcpy_overflow_32", memcpy_over, 32, ALL, 0},
+    {"memcpy_overflow_1m", memcpy_over, HB_MIB, ALL, 0},
+    {"memcpy_underflow_1", memcpy_under, 1, ALL, 0},
+    {"memcpy_underflow_32", memcpy_under, 32, ALL, 0},
+    {"memcpy_underflow_1m", memcpy_under, HB_MIB, ALL, 0},
+    {"memset_overflow_32", memset_over, 32, ALL, 0},
+    {"memmove_overflow_32", memmove_over, 32, ALL, 0},
+    {"strcpy_overflow_1", strcpy_over, 0, ALL, 0},
+    {"memcpy_overread_32", memcpy_overread, 32, ALL, 0},
     {"use_after_free_write_start", uaf_write, 0, ALL, 0},
     {"use_after_free_write_mid", uaf_write_mid, 0, ALL, 0},
+    {"use_after_free_write_exit", uaf_write_exit, 0, ALL, 0},
+    {"use_after_free_write_late", uaf_write_late, 0, ALL, 0},
     {"use_after_free_read", uaf_read, 0, ALL, 0},
+    {"uninit_read_reused", uninit_read_reused, 0, ALL, 0},
     {"double_free_immediate", double_free_immediate, 0, ALL, 0},
     {"double_free_interleaved", double_free_interleaved, 0, ALL, 0},
     {"double_free_delayed", double_free_delayed, 0, ALL, 0},

@@ -47,7 +47,7 @@ struct hb_case {
     size_t arg;
 };
 
-#define HB_MAX_CASES 128
+#define HB_MAX_CASES 256
 static struct hb_case hb_cases[HB_MAX_CASES];
 static size_t hb_ncases;
 
