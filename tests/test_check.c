@@ -765,6 +765,223 @@ static void test_threads_free_each_others_blocks(void **state) {
             free(atomic_exchange(&handoff[i][k], NULL));
 }
 
+/* ---- issue 33: what a free never looks at ------------------------------------ */
+
+/* A block freed, then enough others of its size freed that it has left the
+ * quarantine for a free list, then written: found at exit (a walk of every
+ * freed slot), or at malloc_trim when `trim`. */
+struct late_uaf {
+    size_t n;
+    bool trim;
+};
+
+static void write_after_free_late(void *arg) {
+    const struct late_uaf *l = arg;
+    enum { OTHERS = 5000 };
+    static char *others[OTHERS];
+    char *p = fresh(l->n);
+    for (int i = 0; i < OTHERS; i++)
+        others[i] = fresh(l->n);
+    free(p);
+    for (int i = 0; i < OTHERS; i++)
+        free(others[i]);
+    p[l->n / 2] = 'x';
+    if (l->trim) malloc_trim(0);
+    exit(0);
+}
+
+static void test_write_after_free_out_of_quarantine_found(void **state) {
+    (void)state;
+    const size_t small[] = {24, 3000};
+    for (size_t i = 0; i < 2; i++)
+        for (int trim = 0; trim < 2; trim++) {
+            struct late_uaf l = {small[i], trim};
+            char want[160];
+            snprintf(want, sizeof want, "hakmem: %s(): write after free 0x",
+                     trim ? "malloc_trim" : "exit");
+            struct death d;
+            run_child(write_after_free_late, &l, &d);
+            assert_aborted(&d);
+            if (strstr(d.err, want) == NULL) fail_msg("expected %s in: %s", want, d.err);
+            snprintf(want, sizeof want, "(byte %zu written, block of %zu bytes, checked tier)",
+                     l.n / 2, l.n);
+            if (strstr(d.err, want) == NULL) fail_msg("expected %s in: %s", want, d.err);
+        }
+}
+
+/* A block written past its end (or before its start) and never freed: its
+ * canary is looked at at exit. */
+static void overflow_then_exit(void *arg) {
+    struct bug *b = arg;
+    b->p[b->at] = (char)~b->p[b->at];
+    exit(0);
+}
+
+static void test_overflow_of_live_block_found_at_exit(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NSIZES; i++)
+        for (int under = 0; under < 2; under++) {
+            struct bug b = {sizes[i], under ? -1 : (ptrdiff_t)sizes[i], fresh(sizes[i])};
+            char line[200];
+            snprintf(line, sizeof line,
+                     "hakmem: exit(): heap %s %p (byte %td written, block of %zu bytes, checked "
+                     "tier)",
+                     under ? "underflow" : "overflow", (void *)b.p, b.at, b.n);
+            expect_death(overflow_then_exit, &b, line);
+            free(b.p);
+        }
+}
+
+/* Every block handed out is zero, whether its slot or mapping is fresh or
+ * was another block's: no owner reads an earlier one's bytes. */
+static void test_blocks_handed_out_zeroed(void **state) {
+    (void)state;
+    enum { N = 3000 };
+    static unsigned char *b[N];
+    for (size_t i = 0; i < NSIZES; i++) {
+        size_t n = sizes[i], rounds = n < BIG ? 3 : 1, count = n < BIG ? N : 40;
+        for (size_t r = 0; r < rounds; r++) {
+            for (size_t k = 0; k < count; k++) {
+                b[k] = malloc(n);
+                assert_non_null(b[k]);
+                for (size_t x = 0; x < n; x++)
+                    if (b[k][x] != 0)
+                        fail_msg("round %zu: block %zu of %zu bytes: byte %zu is %d", r, k, n, x,
+                                 b[k][x]);
+                memset(b[k], 0xa5, n);
+                /* Big blocks one at a time: each reuses a mapping freed before. */
+                if (n >= BIG) free(b[k]);
+            }
+            if (n < BIG)
+                for (size_t k = 0; k < count; k++)
+                    free(b[k]);
+        }
+    }
+}
+
+/* A run of writes 1 MiB long past the end (or before the start) of any
+ * slab block meets a guard page: slab regions are halves of 1 MiB between
+ * guard pages. (A byte loop: memset would be refused first.) */
+struct far {
+    size_t n;
+    bool under;
+};
+
+static void write_far(void *arg) {
+    const struct far *f = arg;
+    volatile char *p = malloc(f->n);
+    if (f->under)
+        for (size_t k = 1; k <= MiB; k++)
+            p[-(ptrdiff_t)k] = 'x';
+    else
+        for (size_t k = 0; k < MiB; k++)
+            p[f->n + k] = 'x';
+    exit(0);
+}
+
+static void test_far_writes_fault(void **state) {
+    (void)state;
+    const size_t small[] = {8, 24, 4096, 20008, 100000};
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++)
+        for (int under = 0; under < 2; under++) {
+            struct far f = {small[i], under};
+            struct death d;
+            run_child(write_far, &f, &d);
+            assert_not_hung(&d);
+            if (!WIFSIGNALED(d.status) || WTERMSIG(d.status) != SIGSEGV)
+                fail_msg("%zu bytes, %s: status 0x%x: %s", f.n, under ? "under" : "over", d.status,
+                         d.err);
+        }
+}
+
+#ifndef HAK_TEST_TSAN /* (TSan's runtime has the memory operations of its own) */
+/* The exported memory operations refuse a range that crosses a block's end
+ * or start, or touches a freed block, before they write. */
+enum memop { OP_MEMCPY, OP_MEMMOVE, OP_MEMSET, OP_STRCPY, OP_READ, OP_UNDER, OP_FREED };
+
+struct memop_case {
+    enum memop op;
+    size_t n;
+    char *p;
+};
+
+static char memop_src[4 * MiB];
+
+static void run_memop(void *arg) {
+    struct memop_case *c = arg;
+    volatile size_t n = c->n; /* (no size the compiler could expand inline) */
+    switch (c->op) {
+    case OP_MEMCPY:
+        memcpy(c->p, memop_src, n + 1);
+        break;
+    case OP_MEMMOVE:
+        memmove(c->p, memop_src, n + 32);
+        break;
+    case OP_MEMSET:
+        memset(c->p, 0, n + 1);
+        break;
+    case OP_STRCPY:
+        memset(memop_src, 'b', n);
+        memop_src[n] = 0;
+        strcpy(c->p, memop_src);
+        break;
+    case OP_READ:
+        memcpy(memop_src, c->p, n + 1);
+        break;
+    case OP_UNDER:
+        memcpy(c->p - 8, memop_src, 8);
+        break;
+    case OP_FREED:
+        free(c->p);
+        memcpy(memop_src, c->p, 1);
+        break;
+    }
+    _exit(0);
+}
+
+static void test_memory_operations_checked(void **state) {
+    (void)state;
+    static const char *const name[] = {"memcpy", "memmove", "memset", "strcpy",
+                                       "memcpy", "memcpy",  "memcpy"};
+    for (size_t i = 0; i < NSIZES; i++)
+        for (enum memop op = OP_MEMCPY; op <= OP_FREED; op++) {
+            struct memop_case c = {op, sizes[i], fresh(sizes[i])};
+            char line[200];
+            const char *kind = op == OP_UNDER   ? "heap underflow"
+                               : op == OP_FREED ? "use after free"
+                                                : "heap overflow";
+            ptrdiff_t at = op == OP_UNDER ? -8 : op == OP_FREED ? 0 : (ptrdiff_t)c.n;
+            snprintf(line, sizeof line,
+                     "hakmem: %s(): %s %p (byte %td %s, block of %zu bytes, checked tier)",
+                     name[op], kind, (void *)c.p, at,
+                     op == OP_READ || op == OP_FREED ? "read" : "written", c.n);
+            expect_death(run_memop, &c, line);
+            free(c.p);
+        }
+}
+
+/* Ranges inside a block, and outside the heap, pass. */
+static void test_memory_operations_in_bounds_pass(void **state) {
+    (void)state;
+    char stack[64];
+    for (size_t i = 0; i < NSIZES; i++) {
+        volatile size_t n = sizes[i];
+        char *p = fresh(n), *q = fresh(n);
+        memcpy(q, p, n);
+        memmove(p + 1, p, n - 1);
+        memset(p, 'c', n);
+        p[n - 1] = 0;
+        strcpy(q, p);
+        assert_int_equal(strlen(q), n - 1);
+        memcpy(stack, p, n < sizeof stack ? n : sizeof stack);
+        memcpy(memop_src, q, n);
+        free(p);
+        free(q);
+    }
+    memset(stack, 0, sizeof stack);
+}
+#endif
+
 int main(int argc, char **argv) {
     (void)argc;
     const char *on = getenv("HAKMEM_CHECK");
@@ -808,6 +1025,14 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_big_mappings_reused_after_quarantine),
         cmocka_unit_test(test_aligned_blocks),
         cmocka_unit_test(test_threads_free_each_others_blocks),
+        cmocka_unit_test(test_write_after_free_out_of_quarantine_found),
+        cmocka_unit_test(test_overflow_of_live_block_found_at_exit),
+        cmocka_unit_test(test_blocks_handed_out_zeroed),
+        cmocka_unit_test(test_far_writes_fault),
+#ifndef HAK_TEST_TSAN
+        cmocka_unit_test(test_memory_operations_checked),
+        cmocka_unit_test(test_memory_operations_in_bounds_pass),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
