@@ -125,6 +125,25 @@ HAK_INLINE bool tc_push(uint32_t cls, void *p) {
     return true;
 }
 
+/* tc_push, but p goes behind the list's first block when there is one: the
+ * next pop of cls returns another block than p. L2.5's free: a block of 64
+ * KiB and more is not handed straight back to the next request (a dangling
+ * pointer to it would alias the new block), as glibc's mmapped ones are
+ * not; a loop of one block takes turns with the list's first. */
+HAK_INLINE bool tc_push_behind(uint32_t cls, void *p) {
+    size_t c = cls;
+    if (hak_unlikely(tc_word_room_take(&tc_self.cnt[c]))) return false;
+    void **first = tc_self.head[c];
+    if (hak_unlikely(first == NULL)) {
+        *(void **)p = NULL;
+        tc_self.head[c] = p;
+        return true;
+    }
+    *(void **)p = *first;
+    *first = p;
+    return true;
+}
+
 /* Undo the overdraft of a tc_push that returned false. */
 static inline void tc_refund(uint32_t cls) {
     tc_self.cnt[cls].room++;

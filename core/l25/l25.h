@@ -189,7 +189,7 @@ HAK_INLINE void l25_free(void *p, uint32_t e, const char *fn) {
     /* Only this thread's own blocks enter its cache (of L2.5 classes alone:
      * shared bundles, which have the other tiers' classes, are no heap's). */
     if (hak_unlikely(b->owner != tc_self.l25)) return l25_free_other(p, b);
-    if (hak_unlikely(!tc_push(b->cls, p))) l25_free_slow(p, b->cls);
+    if (hak_unlikely(!tc_push_behind(b->cls, p))) l25_free_slow(p, b->cls);
 }
 
 /* True when p (TIER_L25 entry e) is a live block. */
