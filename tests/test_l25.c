@@ -1339,6 +1339,27 @@ static void test_ageing_keeps_refills_blocks(void **state) {
     assert_string_equal(d.err, "kept 2 purged 3\n");
 }
 
+/* A freed block is not the next request's of its size (issue 33: a
+ * dangling pointer would alias it; glibc's mmapped blocks are not handed
+ * straight back either): a loop of one block takes turns with another. */
+static void test_freed_block_not_handed_straight_back(void **state) {
+    (void)state;
+    const size_t sizes[] = {64 * 1024, 100000, 256 * 1024 - 8, 600000};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        void *p = malloc(sizes[i]);
+        assert_non_null(p);
+        for (int k = 0; k < 100; k++) {
+            free(p);
+            void *q = malloc(sizes[i]);
+            assert_non_null(q);
+            if (q == p)
+                fail_msg("%zu bytes, round %d: the freed block came straight back", sizes[i], k);
+            p = q;
+        }
+        free(p);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "--keep") == 0) return keep_main();
     const struct CMUnitTest tests[] = {
@@ -1383,6 +1404,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_parked_heaps_passed_outside_the_lock),
         cmocka_unit_test(test_fork_inside_parked_pass),
         cmocka_unit_test(test_ageing_keeps_refills_blocks),
+        cmocka_unit_test(test_freed_block_not_handed_straight_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
