@@ -109,10 +109,36 @@ static uintptr_t chk_old_block(uintptr_t slot, size_t size, size_t *n) {
     return slot + s.uoff;
 }
 
+/* The first byte of [a, end) that is not zero; end when none. a and end
+ * 16-aligned (a slot past its header, and its end). 128 bytes a step, ORed
+ * together with no branch, in 16-byte vectors: every reuse of a slot reads
+ * it all, and a word at a time was a quarter of a checked pair's
+ * instructions at 256 B (bench_scenarios json, 64 KiB: a third). */
+typedef uint64_t chk_v2 __attribute__((vector_size(16)));
+static inline chk_v2 chk_vload(uintptr_t a) {
+    chk_v2 v;
+    __builtin_memcpy(&v, (const void *)a, sizeof v);
+    return v;
+}
+static uintptr_t chk_zero_scan(uintptr_t a, uintptr_t end) {
+    uintptr_t x = a;
+    for (; x + 128 <= end; x += 128) {
+        chk_v2 o =
+            (chk_vload(x) | chk_vload(x + 16)) | (chk_vload(x + 32) | chk_vload(x + 48)) |
+            ((chk_vload(x + 64) | chk_vload(x + 80)) | (chk_vload(x + 96) | chk_vload(x + 112)));
+        if ((o[0] | o[1]) != 0) break;
+    }
+    for (; x < end; x += 8) {
+        uint64_t w = chk_load(x);
+        if (w != 0) return x + (uintptr_t)__builtin_ctzll(w) / 8;
+    }
+    return end;
+}
+
 /* A slot leaving the free list: every byte after its header must still be
  * zero, as its free left it. */
 static void chk_verify_wipe(uintptr_t slot, size_t size, const char *fn) {
-    uintptr_t bad = chk_unpainted(slot + CHK_HDR, slot + size, 0);
+    uintptr_t bad = chk_zero_scan(slot + CHK_HDR, slot + size);
     if (hak_likely(bad == slot + size)) return;
     size_t n;
     uintptr_t u = chk_old_block(slot, size, &n);
@@ -327,7 +353,7 @@ static uintptr_t chk_slot_bad(uintptr_t slot, size_t size, const struct chk_slot
     uintptr_t u = slot + s->uoff, end = slot + size, bad;
     if (s->state == CHK_FREED) {
         *kind = DIAG_WRITE_AFTER_FREE;
-        bad = chk_unpainted(slot + CHK_HDR, end, 0);
+        bad = chk_zero_scan(slot + CHK_HDR, end);
         return bad != end ? bad : 0;
     }
     uint64_t w = chk_canary(slot);
