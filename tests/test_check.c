@@ -897,7 +897,16 @@ static void test_far_writes_fault(void **state) {
 #ifndef HAK_TEST_TSAN /* (TSan's runtime has the memory operations of its own) */
 /* The exported memory operations refuse a range that crosses a block's end
  * or start, or touches a freed block, before they write. */
-enum memop { OP_MEMCPY, OP_MEMMOVE, OP_MEMSET, OP_STRCPY, OP_READ, OP_UNDER, OP_FREED };
+enum memop {
+    OP_MEMCPY,
+    OP_MEMMOVE,
+    OP_MEMSET,
+    OP_STRCPY,
+    OP_READ,
+    OP_UNDER,
+    OP_FREED,
+    OP_SEEN_FREED
+};
 
 struct memop_case {
     enum memop op;
@@ -935,6 +944,11 @@ static void run_memop(void *arg) {
         free(c->p);
         memcpy(memop_src, c->p, 1);
         break;
+    case OP_SEEN_FREED: /* a block the checks saw live a moment ago */
+        memcpy(c->p, memop_src, n);
+        free(c->p);
+        memcpy(c->p, memop_src, 1);
+        break;
     }
     _exit(0);
 }
@@ -942,15 +956,16 @@ static void run_memop(void *arg) {
 static void test_memory_operations_checked(void **state) {
     (void)state;
     static const char *const name[] = {"memcpy", "memmove", "memset", "strcpy",
-                                       "memcpy", "memcpy",  "memcpy"};
+                                       "memcpy", "memcpy",  "memcpy", "memcpy"};
     for (size_t i = 0; i < NSIZES; i++)
-        for (enum memop op = OP_MEMCPY; op <= OP_FREED; op++) {
+        for (enum memop op = OP_MEMCPY; op <= OP_SEEN_FREED; op++) {
             struct memop_case c = {op, sizes[i], fresh(sizes[i])};
             char line[200];
-            const char *kind = op == OP_UNDER   ? "heap underflow"
-                               : op == OP_FREED ? "use after free"
-                                                : "heap overflow";
-            ptrdiff_t at = op == OP_UNDER ? -8 : op == OP_FREED ? 0 : (ptrdiff_t)c.n;
+            const char *kind = op == OP_UNDER        ? "heap underflow"
+                               : op == OP_FREED      ? "use after free"
+                               : op == OP_SEEN_FREED ? "write after free"
+                                                     : "heap overflow";
+            ptrdiff_t at = op == OP_UNDER ? -8 : op >= OP_FREED ? 0 : (ptrdiff_t)c.n;
             snprintf(line, sizeof line,
                      "hakmem: %s(): %s %p (byte %td %s, block of %zu bytes, checked tier)",
                      name[op], kind, (void *)c.p, at,

@@ -12,14 +12,45 @@ struct chk_cell {
     uintptr_t u; /* the block */
     size_t n;
     bool live;
+    uintptr_t slot; /* a slab block's slot (else 0), and its word0 as read */
+    uint64_t word;
 };
+
+/* The slab blocks this thread's last ranges were found inside. A range
+ * inside one of them again (a memcpy into a block, then a memset of it) is
+ * checked by its slot's word0 alone: the same word0 is a block of the same
+ * bounds, live (a freed, reused or resized block's is not the same, unless
+ * it is a block of the same bounds again, just as live). */
+#define CHK_SEEN 2
+struct chk_seen {
+    uintptr_t slot, u;
+    size_t n; /* 0: an empty entry */
+    uint64_t word;
+};
+static __thread struct chk_seen chk_seen[CHK_SEEN];
+static __thread unsigned chk_seen_next;
+
+static inline bool chk_seen_inside(uintptr_t a, uintptr_t z) {
+    for (unsigned i = 0; i < CHK_SEEN; i++) {
+        const struct chk_seen *s = &chk_seen[i];
+        if (a - s->u < s->n && z - s->u < s->n &&
+            atomic_load_explicit(chk_word0(s->slot), memory_order_relaxed) == s->word)
+            return true;
+    }
+    return false;
+}
+
+static inline void chk_seen_add(const struct chk_cell *c) {
+    chk_seen[chk_seen_next] = (struct chk_seen){c->slot, c->u, c->n, c->word};
+    chk_seen_next = (chk_seen_next + 1) % CHK_SEEN;
+}
 
 /* The block whose slot (or big mapping, or malloc(0) reservation) holds x;
  * false when none does (a slot never handed out, guard pages, a descriptor,
  * an overwritten header). */
 static bool chk_cell_at(uintptr_t x, uint32_t e, struct chk_cell *c) {
     if (chk_sub(e) == CHK_ZERO) { /* every byte of it is past a block of 0 bytes */
-        *c = (struct chk_cell){.u = x, .n = 0, .live = true};
+        *c = (struct chk_cell){.u = x, .n = 0, .live = true, .slot = 0};
         return true;
     }
     if (chk_sub(e) == CHK_BIG) {
@@ -35,10 +66,11 @@ static bool chk_cell_at(uintptr_t x, uint32_t e, struct chk_cell *c) {
     const struct chk_region *r = chk_region_of(x);
     uintptr_t slot = chk_slot_at(x, r);
     struct chk_slot s;
-    if (slot == 0 || !chk_decode(atomic_load_explicit(chk_word0(slot), memory_order_acquire),
-                                 chk_key(slot), r->size, &s))
-        return false;
-    *c = (struct chk_cell){.u = slot + s.uoff, .n = s.n, .live = s.state == CHK_LIVE};
+    if (slot == 0) return false;
+    uint64_t w = atomic_load_explicit(chk_word0(slot), memory_order_acquire);
+    if (!chk_decode(w, chk_key(slot), r->size, &s)) return false;
+    *c = (struct chk_cell){
+        .u = slot + s.uoff, .n = s.n, .live = s.state == CHK_LIVE, .slot = slot, .word = w};
     return true;
 }
 
@@ -53,11 +85,11 @@ _Noreturn static void chk_range_report(const char *fn, enum diag_kind kind,
                                 .read = !write});
 }
 
-void chk_range(const char *fn, const void *p, size_t n, bool write) {
-    uintptr_t a = (uintptr_t)p, z = a + (n - 1);
-    if (z < a) z = UINTPTR_MAX; /* (wraps: the operation faults; its end is the top) */
+/* [a, z] looked up (chk_range). */
+static __attribute__((noinline)) void chk_range_lookup(const char *fn, uintptr_t a, uintptr_t z,
+                                                       bool write) {
     struct chk_cell c;
-    uint32_t e = rmap_get(p);
+    uint32_t e = rmap_get((void *)a);
     enum diag_kind freed = write ? DIAG_WRITE_AFTER_FREE : DIAG_USE_AFTER_FREE;
     if (rmap_kind_of(e) == TIER_CHECK && chk_cell_at(a, e, &c)) {
         ptrdiff_t at = (ptrdiff_t)(a - c.u);
@@ -65,6 +97,7 @@ void chk_range(const char *fn, const void *p, size_t n, bool write) {
         if (a < c.u) chk_range_report(fn, DIAG_HEAP_UNDERFLOW, &c, at, write);
         if (a - c.u >= c.n) chk_range_report(fn, DIAG_HEAP_OVERFLOW, &c, at, write);
         if (z - c.u >= c.n) chk_range_report(fn, DIAG_HEAP_OVERFLOW, &c, (ptrdiff_t)c.n, write);
+        if (c.slot != 0) chk_seen_add(&c);
         return;
     }
     e = rmap_get((void *)z);
@@ -72,4 +105,13 @@ void chk_range(const char *fn, const void *p, size_t n, bool write) {
     /* It ends in a block's slot and starts outside it: below the block. */
     if (!c.live) chk_range_report(fn, freed, &c, (ptrdiff_t)(z - c.u), write);
     chk_range_report(fn, DIAG_HEAP_UNDERFLOW, &c, -(ptrdiff_t)(c.u - a), write);
+}
+
+/* (The lookup out of line: a range inside a block seen last costs no
+ * stack frame.) */
+void chk_range(const char *fn, const void *p, size_t n, bool write) {
+    uintptr_t a = (uintptr_t)p, z = a + (n - 1);
+    if (z < a) z = UINTPTR_MAX; /* (wraps: the operation faults; its end is the top) */
+    if (chk_seen_inside(a, z)) return;
+    chk_range_lookup(fn, a, z, write);
 }
