@@ -832,6 +832,59 @@ static void test_overflow_of_live_block_found_at_exit(void **state) {
         }
 }
 
+/* (Not under TSan: the walk's reads are racy, validated by word0 after.) */
+#ifndef HAK_TEST_TSAN
+/* The walk of malloc_trim beside threads that allocate, free and resize
+ * all the while: what they change under it is left alone, never reported
+ * (a slot being zeroed, painted or grown is no bug). It fails when free
+ * does not mark a slot WIPING before zeroing it, or malloc does not clear
+ * word0 before painting a reused slot. */
+static _Atomic bool walk_done;
+static void *walk_churn(void *arg) {
+    uint32_t rng = (uint32_t)(uintptr_t)arg;
+    char *slot[64] = {0};
+    size_t len[64] = {0};
+    while (!atomic_load(&walk_done)) {
+        rng = rng * 1103515245u + 12345u;
+        unsigned k = (rng >> 16) % 64;
+        size_t n = 1 + (rng >> 8) % 3000;
+        if (slot[k] == NULL) {
+            slot[k] = malloc(n);
+            len[k] = n;
+        } else if (rng & 1) {
+            char *q = realloc(slot[k], n);
+            if (q != NULL) slot[k] = q, len[k] = n;
+        } else {
+            free(slot[k]);
+            slot[k] = NULL;
+            continue;
+        }
+        if (slot[k] != NULL) memset(slot[k], (int)k, len[k]);
+    }
+    for (int k = 0; k < 64; k++)
+        free(slot[k]);
+    return NULL;
+}
+
+static void walk_beside_threads(void *arg) {
+    (void)arg;
+    pthread_t t[2];
+    for (uintptr_t i = 0; i < 2; i++)
+        CHILD_CHECK(pthread_create(&t[i], NULL, walk_churn, (void *)(i + 1)) == 0);
+    for (int round = 0; round < 200; round++)
+        malloc_trim(0);
+    atomic_store(&walk_done, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    exit(0); /* (and the walk at exit) */
+}
+
+static void test_walk_beside_busy_threads(void **state) {
+    (void)state;
+    expect_clean_exit(walk_beside_threads, NULL);
+}
+#endif
+
 /* Every block handed out is zero, whether its slot or mapping is fresh or
  * was another block's: no owner reads an earlier one's bytes. */
 static void test_blocks_handed_out_zeroed(void **state) {
@@ -1043,6 +1096,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_write_after_free_out_of_quarantine_found),
         cmocka_unit_test(test_overflow_of_live_block_found_at_exit),
         cmocka_unit_test(test_blocks_handed_out_zeroed),
+#ifndef HAK_TEST_TSAN
+        cmocka_unit_test(test_walk_beside_busy_threads),
+#endif
         cmocka_unit_test(test_far_writes_fault),
 #ifndef HAK_TEST_TSAN
         cmocka_unit_test(test_memory_operations_checked),

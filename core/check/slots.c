@@ -368,7 +368,9 @@ static uintptr_t chk_slot_bad(uintptr_t slot, size_t size, const struct chk_slot
  * allocating and resizing meanwhile: a slot whose word0 is not the same
  * after the look as before is left alone (a free changes it before it
  * zeroes, a malloc after it paints, a realloc before the block grows), and
- * so is one being zeroed (CHK_WIPING). */
+ * so is one being zeroed (CHK_WIPING). The reads are a seqlock reader's,
+ * racy and validated after: TSan reports them, so test_check's walk beside
+ * busy threads runs outside TSan. */
 void chk_walk_slots(const char *fn) {
     for (uint32_t cls = 0; cls < SMALL_NCLASSES; cls++) {
         const struct chk_region *r =
