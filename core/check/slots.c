@@ -128,6 +128,10 @@ static uintptr_t chk_zero_scan(uintptr_t a, uintptr_t end) {
             ((chk_vload(x + 64) | chk_vload(x + 80)) | (chk_vload(x + 96) | chk_vload(x + 112)));
         if ((o[0] | o[1]) != 0) break;
     }
+    for (; x + 16 <= end; x += 16) { /* the rest, or the 128 bytes that hold one */
+        chk_v2 v = chk_vload(x);
+        if ((v[0] | v[1]) != 0) break;
+    }
     for (; x < end; x += 8) {
         uint64_t w = chk_load(x);
         if (w != 0) return x + (uintptr_t)__builtin_ctzll(w) / 8;
