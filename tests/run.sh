@@ -210,10 +210,12 @@ step_done "cmocka suites (debug, ubsan, tsan, checked mode; $TEST_JOBS at a time
 # loaded in its place; the bench report's ratios and chart (bench/chart.py)
 # from synthetic results; the harness itself (a hung, crashed or silent
 # program is counted so); the many-core costs (atomics, locks, shared cache
-# lines per op, counted by the count build) within tests/scale/budgets.
+# lines per op, counted by the count build) within tests/scale/budgets; the
+# exported memory operations' results, linked dynamically, statically and
+# in checked mode.
 for check in tests/check_os_boundary.sh tests/check_layers.sh tests/check_install.sh \
     tests/check_command.sh tests/check_prof.sh tests/check_unwind.sh tests/check_bench_report.sh \
-    tests/check_harness.sh tests/scale/scale.py; do
+    tests/check_harness.sh tests/scale/scale.py tests/check_memops.sh; do
     if "$check"; then
         passed=$((passed + 1))
     else

@@ -33,8 +33,8 @@ struct libc_mem {
 };
 extern HAK_HIDDEN struct libc_mem libc_mem;
 
-/* Look the C library's up (the definitions after hakmem's): from the
- * library constructor, where dlsym is safe. */
+/* Look the C library's up (the definitions after hakmem's): run as a
+ * constructor of its own, where dlsym is safe. */
 void libc_resolve(void);
 
 #endif

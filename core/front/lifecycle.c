@@ -2,7 +2,6 @@
 
 #include "box/config.h"
 #include "box/diag.h"
-#include "box/libc.h"
 #include "box/lock.h"
 #include "prof/prof.h"
 #include "box/thread.h"
@@ -70,8 +69,7 @@ bool life_thread_start(void) {
 }
 
 __attribute__((constructor)) static void life_start(void) {
-    libc_resolve(); /* first: the exported memcpy and kin forward there */
-    life_begin();   /* (libc is set up by now, even if a constructor cleared environ) */
+    life_begin(); /* (libc is set up by now, even if a constructor cleared environ) */
     /* Here, not in hak_init: arming loads the unwinder, which allocates. */
     if (hak_cfg.backtrace) diag_arm_backtrace();
     if (hak_cfg.prof && hak_cfg.check) {
