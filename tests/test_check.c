@@ -883,6 +883,48 @@ static void test_walk_beside_busy_threads(void **state) {
     (void)state;
     expect_clean_exit(walk_beside_threads, NULL);
 }
+
+/* Found by review: a block grown in place and shrunk back had the same
+ * word0 as before, and a walk that read the grown bytes as a broken canary
+ * then saw nothing change: "malloc_trim(): heap overflow" of a correct
+ * program. word0 now carries a generation. */
+static void *grow_shrink_back(void *arg) {
+    (void)arg;
+    char *p[64];
+    for (int k = 0; k < 64; k++)
+        p[k] = realloc(malloc(100), 100);
+    while (!atomic_load(&walk_done))
+        for (int k = 0; k < 64; k++) {
+            char *q = realloc(p[k], 200); /* in place: the slot has room */
+            if (q == NULL) continue;
+            memset(q + 100, 'x', 100);
+            p[k] = realloc(q, 100); /* in place: the same fields as before */
+        }
+    for (int k = 0; k < 64; k++)
+        free(p[k]);
+    return NULL;
+}
+
+static void walk_beside_grow_shrink(void *arg) {
+    (void)arg;
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        CHILD_CHECK(pthread_create(&t[i], NULL, grow_shrink_back, NULL) == 0);
+    /* (For a second: each walk reads every slot the test program holds.) */
+    int64_t until = now_ms() + 1000;
+    while (now_ms() < until)
+        malloc_trim(0);
+    atomic_store(&walk_done, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    exit(0);
+}
+
+static void test_walk_beside_grow_and_shrink_back(void **state) {
+    (void)state;
+    atomic_store(&walk_done, false);
+    expect_clean_exit(walk_beside_grow_shrink, NULL);
+}
 #endif
 
 /* Every block handed out is zero, whether its slot or mapping is fresh or
@@ -1098,6 +1140,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_blocks_handed_out_zeroed),
 #ifndef HAK_TEST_TSAN
         cmocka_unit_test(test_walk_beside_busy_threads),
+        cmocka_unit_test(test_walk_beside_grow_and_shrink_back),
 #endif
         cmocka_unit_test(test_far_writes_fault),
 #ifndef HAK_TEST_TSAN

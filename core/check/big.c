@@ -98,9 +98,17 @@ void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap) {
     b->fam = fam;
     b->kept = false;
     b->check = chk_key((uintptr_t)base) ^ b->u;
-    /* A reused mapping holds its last block's bytes: cleared, the block and
-     * its room to grow, so no owner reads another's (fresh pages are zero). */
-    if (!fresh) libc_mem.set((void *)b->u, 0, b->end - b->u);
+    /* A reused mapping holds its last block's bytes: cleared, so no owner
+     * reads another's (fresh pages are zero). The block and its tail's pages
+     * by memset; the room to grow past them (realloc's: as much again)
+     * given back, to read as zeros without being made resident. */
+    if (!fresh) {
+        uintptr_t z = hak_align_up(b->u + n + CHK_BIG_TAIL, HAK_PAGE_SIZE);
+        if (z > b->end) z = b->end;
+        libc_mem.set((void *)b->u, 0, z - b->u);
+        if (z < b->end && !os_decommit((void *)z, b->end - z))
+            libc_mem.set((void *)z, 0, b->end - z); /* (locked memory) */
+    }
     /* Canary down to the guard page; but below a big alignment's gap (up to
      * the alignment: gigabytes for posix_memalign(2^33)) a page of it, and
      * the rest inaccessible: painting it all made every page resident. */

@@ -175,22 +175,28 @@ struct chk_slot {
     size_t n;     /* bytes asked */
     unsigned fam; /* enum api_family */
     unsigned state;
-    size_t uoff; /* the block's offset in the slot */
+    size_t uoff;  /* the block's offset in the slot */
+    unsigned gen; /* how many times word0 was written, mod 256 */
 };
 
 /* word0, before the xor with the slot's key: the fields in the low
- * CHK_INFO_BITS bits (size 20, family 2, state 2, offset/16 13), and above
- * them a keyed hash of those (a product's top bits, which depend on all of
- * its factors' bits), so that any change to the header shows. */
-#define CHK_INFO_BITS 37
+ * CHK_INFO_BITS bits (size 17, family 2, state 2, offset/16 13, generation
+ * 8), and above them a keyed hash of those (a product's top bits, which
+ * depend on all of its factors' bits), so that any change to the header
+ * shows. The generation changes with every store of word0 (malloc, free's
+ * two, an in-place realloc): a walk that reads the same word0 before and
+ * after looking at the slot knows nothing changed in between, even when a
+ * realloc grew the block and shrank it back (the same fields again). */
+#define CHK_INFO_BITS 42
+#define CHK_SIZE_BITS 17 /* slab blocks are below CHK_SLOT_MAX, 128 KiB */
 static inline uint64_t chk_info_hash(uint64_t low, uint64_t key) {
     return ((low ^ key) * chk_hmul) >> CHK_INFO_BITS << CHK_INFO_BITS;
 }
 /* The word0 of a block of slot (key: chk_key(slot)). */
-static inline uint64_t chk_header(uint64_t key, size_t n, unsigned fam, unsigned state,
-                                  size_t uoff) {
-    uint64_t low =
-        (uint64_t)n | (uint64_t)fam << 20 | (uint64_t)state << 22 | (uint64_t)(uoff / 16) << 24;
+static inline uint64_t chk_header(uint64_t key, size_t n, unsigned fam, unsigned state, size_t uoff,
+                                  unsigned gen) {
+    uint64_t low = (uint64_t)n | (uint64_t)fam << 17 | (uint64_t)state << 19 |
+                   (uint64_t)(uoff / 16) << 21 | (uint64_t)(gen & 0xff) << 34;
     return (low | chk_info_hash(low, key)) ^ key;
 }
 
@@ -203,10 +209,11 @@ static inline _Atomic uint64_t *chk_word0(uintptr_t slot) {
 static inline bool chk_decode(uint64_t w, uint64_t key, size_t size, struct chk_slot *s) {
     uint64_t i = w ^ key;
     uint64_t low = i & ((1ull << CHK_INFO_BITS) - 1);
-    s->n = low & ((1u << 20) - 1);
-    s->fam = low >> 20 & 3;
-    s->state = low >> 22 & 3;
-    s->uoff = (low >> 24) * 16;
+    s->n = low & ((1u << CHK_SIZE_BITS) - 1);
+    s->fam = low >> 17 & 3;
+    s->state = low >> 19 & 3;
+    s->uoff = (low >> 21 & 0x1fff) * 16;
+    s->gen = (unsigned)(low >> 34 & 0xff);
     return (i ^ chk_info_hash(low, key)) >> CHK_INFO_BITS == 0 && s->state != 0 &&
            s->fam <= API_NEW_ARRAY && s->uoff >= CHK_HDR && s->uoff + s->n < size;
 }

@@ -371,8 +371,10 @@ static uintptr_t chk_slot_bad(uintptr_t slot, size_t size, const struct chk_slot
 /* Every slot cut from every region. Other threads may be freeing,
  * allocating and resizing meanwhile: a slot whose word0 is not the same
  * after the look as before is left alone (a free changes it before it
- * zeroes, a malloc after it paints, a realloc before the block grows), and
- * so is one being zeroed (CHK_WIPING). The reads are a seqlock reader's,
+ * zeroes, a malloc after it paints, a realloc before the block grows; and
+ * every store of word0 moves its generation on, so a block grown and
+ * shrunk back does not show the same word0), and so is one being zeroed
+ * (CHK_WIPING). The reads are a seqlock reader's,
  * racy and validated after: TSan reports them, so test_check's walk beside
  * busy threads runs outside TSan. */
 void chk_walk_slots(const char *fn) {
@@ -392,6 +394,12 @@ void chk_walk_slots(const char *fn) {
                 atomic_thread_fence(memory_order_acquire);
                 if (bad == 0 || atomic_load_explicit(chk_word0(slot), memory_order_relaxed) != w)
                     continue;
+                /* Found: looked at once more, and only the same byte under
+                 * the same word0 again is a bug (a belt to the generation's
+                 * braces: a word0 that came back after 256 stores). */
+                if (chk_slot_bad(slot, r->size, &s, &kind) != bad) continue;
+                atomic_thread_fence(memory_order_acquire);
+                if (atomic_load_explicit(chk_word0(slot), memory_order_relaxed) != w) continue;
                 uintptr_t u = slot + s.uoff;
                 chk_report(fn, kind, u, s.n, (ptrdiff_t)(bad - u));
             }
@@ -419,8 +427,11 @@ void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
         errno = ENOMEM;
         return NULL;
     }
+    unsigned gen = 0; /* word0's generation: the freed header's, one on */
     if (wiped) {
         chk_verify_wipe(slot, size, "malloc");
+        struct chk_slot old;
+        if (chk_read(slot, size, &old)) gen = old.gen + 1;
         /* Not freed any more, not live yet: the walk at exit leaves a word0
          * of 0 alone, and this store is seen before any of the paint. */
         atomic_store_explicit(chk_word0(slot), 0, memory_order_relaxed);
@@ -430,7 +441,8 @@ void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
     uint64_t w = chk_canary(slot);
     chk_paint(slot + 8, u, w);        /* word1 and the gap below an aligned block */
     chk_paint(u + n, slot + size, w); /* the tail */
-    atomic_store_explicit(chk_word0(slot), chk_header(chk_key(slot), n, fam, CHK_LIVE, u - slot),
+    atomic_store_explicit(chk_word0(slot),
+                          chk_header(chk_key(slot), n, fam, CHK_LIVE, u - slot, gen),
                           memory_order_release);
     usage_add((int64_t)n); /* (in use: what was asked) */
     return (void *)u;

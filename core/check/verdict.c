@@ -139,7 +139,7 @@ static void chk_release_block_as(uintptr_t a, const struct chk_block *b, const c
     /* (From the header chk_find read: another thread's free of it between
      * then and now makes the exchange fail.) */
     uint64_t live = b->word;
-    uint64_t wiping = chk_header(b->key, b->s.n, b->s.fam, CHK_WIPING, b->s.uoff);
+    uint64_t wiping = chk_header(b->key, b->s.n, b->s.fam, CHK_WIPING, b->s.uoff, b->s.gen + 1);
     if (!atomic_compare_exchange_strong(chk_word0(b->slot), &live, wiping))
         diag_bad_pointer(fn, DIAG_DOUBLE_FREE, (void *)a, TIER_CHECK, b->s.n);
     atomic_thread_fence(memory_order_release); /* WIPING is seen before any zero */
@@ -150,7 +150,7 @@ static void chk_release_block_as(uintptr_t a, const struct chk_block *b, const c
      * checks, and this slot is no live block now.) */
     libc_mem.set((void *)(b->slot + CHK_HDR), 0, b->size - CHK_HDR);
     atomic_store_explicit(chk_word0(b->slot),
-                          chk_header(b->key, b->s.n, b->s.fam, CHK_FREED, b->s.uoff),
+                          chk_header(b->key, b->s.n, b->s.fam, CHK_FREED, b->s.uoff, b->s.gen + 2),
                           memory_order_release);
     bool lent;
     struct chk_thread *t = chk_thread_get(&lent);
@@ -208,7 +208,8 @@ void *chk_realloc(void *p, uint32_t e, size_t n) {
         /* In place: the tail canary moves to the new end (growing, what
          * lies past it is canary already). */
         if (n < b.s.n) chk_paint(a + n, a + b.s.n, chk_canary(b.slot));
-        atomic_store_explicit(chk_word0(b.slot), chk_header(b.key, n, b.s.fam, CHK_LIVE, b.s.uoff),
+        atomic_store_explicit(chk_word0(b.slot),
+                              chk_header(b.key, n, b.s.fam, CHK_LIVE, b.s.uoff, b.s.gen + 1),
                               memory_order_release);
         atomic_thread_fence(memory_order_release); /* before the program writes its new bytes */
         usage_add((int64_t)n - (int64_t)b.s.n);
