@@ -189,6 +189,11 @@ struct chk_slot {
  * realloc grew the block and shrank it back (the same fields again). */
 #define CHK_INFO_BITS 42
 #define CHK_SIZE_BITS 17 /* slab blocks are below CHK_SLOT_MAX, 128 KiB */
+#define CHK_GEN_SHIFT 34
+/* word0 w's fields (key: its slot's), unchecked. */
+static inline uint64_t chk_info_of(uint64_t w, uint64_t key) {
+    return (w ^ key) & ((1ull << CHK_INFO_BITS) - 1);
+}
 static inline uint64_t chk_info_hash(uint64_t low, uint64_t key) {
     return ((low ^ key) * chk_hmul) >> CHK_INFO_BITS << CHK_INFO_BITS;
 }
@@ -196,7 +201,7 @@ static inline uint64_t chk_info_hash(uint64_t low, uint64_t key) {
 static inline uint64_t chk_header(uint64_t key, size_t n, unsigned fam, unsigned state, size_t uoff,
                                   unsigned gen) {
     uint64_t low = (uint64_t)n | (uint64_t)fam << 17 | (uint64_t)state << 19 |
-                   (uint64_t)(uoff / 16) << 21 | (uint64_t)(gen & 0xff) << 34;
+                   (uint64_t)(uoff / 16) << 21 | (uint64_t)(gen & 0xff) << CHK_GEN_SHIFT;
     return (low | chk_info_hash(low, key)) ^ key;
 }
 
@@ -213,7 +218,7 @@ static inline bool chk_decode(uint64_t w, uint64_t key, size_t size, struct chk_
     s->fam = low >> 17 & 3;
     s->state = low >> 19 & 3;
     s->uoff = (low >> 21 & 0x1fff) * 16;
-    s->gen = (unsigned)(low >> 34 & 0xff);
+    s->gen = (unsigned)(low >> CHK_GEN_SHIFT);
     return (i ^ chk_info_hash(low, key)) >> CHK_INFO_BITS == 0 && s->state != 0 &&
            s->fam <= API_NEW_ARRAY && s->uoff >= CHK_HDR && s->uoff + s->n < size;
 }

@@ -427,11 +427,15 @@ void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
         errno = ENOMEM;
         return NULL;
     }
+    uint64_t key = chk_key(slot);
     unsigned gen = 0; /* word0's generation: the freed header's, one on */
     if (wiped) {
         chk_verify_wipe(slot, size, "malloc");
-        struct chk_slot old;
-        if (chk_read(slot, size, &old)) gen = old.gen + 1;
+        /* (Its bits alone, not decoded: any other value would do as well.) */
+        gen = (unsigned)(chk_info_of(atomic_load_explicit(chk_word0(slot), memory_order_relaxed),
+                                     key) >>
+                         CHK_GEN_SHIFT) +
+              1;
         /* Not freed any more, not live yet: the walk at exit leaves a word0
          * of 0 alone, and this store is seen before any of the paint. */
         atomic_store_explicit(chk_word0(slot), 0, memory_order_relaxed);
@@ -441,8 +445,7 @@ void *chk_slab_alloc(size_t n, size_t align, unsigned fam) {
     uint64_t w = chk_canary(slot);
     chk_paint(slot + 8, u, w);        /* word1 and the gap below an aligned block */
     chk_paint(u + n, slot + size, w); /* the tail */
-    atomic_store_explicit(chk_word0(slot),
-                          chk_header(chk_key(slot), n, fam, CHK_LIVE, u - slot, gen),
+    atomic_store_explicit(chk_word0(slot), chk_header(key, n, fam, CHK_LIVE, u - slot, gen),
                           memory_order_release);
     usage_add((int64_t)n); /* (in use: what was asked) */
     return (void *)u;
