@@ -7,7 +7,7 @@
  * A block below CHK_SLOT_MAX has a slot of its own in a 2 MiB region of one
  * slot size, ending in a guard page:
  *
- *   [word0: size, family, state, block offset, their hash; xor a key][word1: canary]
+ *   [word0: size, family, state, block offset, generation, their hash; xor a key][word1: canary]
  *   [canary gap (aligned blocks)][block][canary to the slot's end]
  *
  * Canary bytes come from a per-process secret and have the high bit set, so
