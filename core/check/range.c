@@ -16,23 +16,16 @@ struct chk_cell {
     uint64_t word;
 };
 
-/* The slab blocks this thread's last ranges were found inside. A range
- * inside one of them again (a memcpy into a block, then a memset of it) is
- * checked by its slot's word0 alone: the same word0 is a block of the same
- * bounds, live (a freed, reused or resized block's is not the same, unless
- * it is a block of the same bounds again, just as live). */
-#define CHK_SEEN 2
-struct chk_seen {
-    uintptr_t slot, u;
-    size_t n; /* 0: an empty entry */
-    uint64_t word;
-};
-static __thread struct chk_seen chk_seen[CHK_SEEN];
-static __thread unsigned chk_seen_next;
-
+/* A range inside one of the blocks this thread's last ranges were inside
+ * (a memcpy into a block, then a memset of it) is checked by its slot's
+ * word0 alone: the same word0 is a block of the same bounds, live (a
+ * freed, reused or resized block's is not the same: its generation moved
+ * on). A thread with no cache yet (chk_me) looks every range up. */
 static inline bool chk_seen_inside(uintptr_t a, uintptr_t z) {
+    const struct chk_thread *t = chk_me;
+    if (t == NULL) return false;
     for (unsigned i = 0; i < CHK_SEEN; i++) {
-        const struct chk_seen *s = &chk_seen[i];
+        const struct chk_seen *s = &t->seen[i];
         if (a - s->u < s->n && z - s->u < s->n &&
             atomic_load_explicit(chk_word0(s->slot), memory_order_relaxed) == s->word)
             return true;
@@ -41,8 +34,10 @@ static inline bool chk_seen_inside(uintptr_t a, uintptr_t z) {
 }
 
 static inline void chk_seen_add(const struct chk_cell *c) {
-    chk_seen[chk_seen_next] = (struct chk_seen){c->slot, c->u, c->n, c->word};
-    chk_seen_next = (chk_seen_next + 1) % CHK_SEEN;
+    struct chk_thread *t = chk_me;
+    if (t == NULL) return;
+    t->seen[t->seen_next] = (struct chk_seen){c->slot, c->u, c->n, c->word};
+    t->seen_next = (t->seen_next + 1) % CHK_SEEN;
 }
 
 /* The block whose slot (or big mapping, or malloc(0) reservation) holds x;

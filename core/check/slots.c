@@ -160,28 +160,6 @@ static void chk_verify_wipe(uintptr_t slot, size_t size, const char *fn) {
  * wipe is verified), so it decides the speed; past the CPU's caches, every
  * reuse is a miss. A thread's cache outlives it: at its exit it goes to a
  * list of unowned ones, which the next new thread takes over. */
-#define CHK_T_RAND  16
-#define CHK_T_RING  ((size_t)4096)
-#define CHK_T_BYTES ((size_t)1 << 20)
-#define CHK_T_LIST  ((size_t)256 << 10) /* free slots a thread keeps per class, in bytes */
-#define CHK_T_BATCH 32u                 /* slots moved per lock, at most */
-
-struct chk_list {
-    uintptr_t head;
-    uint32_t n;
-};
-
-struct chk_thread {
-    struct chk_thread *next; /* on the unowned list */
-    uint64_t rng;
-    struct chk_list free[SMALL_NCLASSES];
-    /* Slots cut from a region for this thread and not handed out yet:
-     * never used, so nothing to verify. */
-    uintptr_t fresh[SMALL_NCLASSES], fresh_end[SMALL_NCLASSES];
-    uintptr_t rand[CHK_T_RAND];
-    size_t head, n, bytes; /* the FIFO; bytes: it and rand together */
-    uintptr_t ring[CHK_T_RING];
-};
 #define CHK_T_SIZE hak_align_up(sizeof(struct chk_thread), HAK_PAGE_SIZE)
 
 HAK_HIDDEN __thread struct chk_thread *chk_me;
