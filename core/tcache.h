@@ -125,22 +125,23 @@ HAK_INLINE bool tc_push(uint32_t cls, void *p) {
     return true;
 }
 
-/* tc_push, but p goes behind the list's first block when there is one: the
- * next pop of cls returns another block than p. L2.5's free: a block of 64
- * KiB and more is not handed straight back to the next request (a dangling
- * pointer to it would alias the new block), as glibc's mmapped ones are
- * not; a loop of one block takes turns with the list's first. */
-HAK_INLINE bool tc_push_behind(uint32_t cls, void *p) {
+/* tc_push, but with `behind` p goes behind the list's first block when
+ * there is one: the next pop of cls returns another block than p. L2.5's
+ * free of a block of 128 KiB and more: it is not handed straight back to
+ * the next request (a dangling pointer to it would alias the new block),
+ * as glibc's mmapped ones are not; a loop of one block takes turns with the
+ * list's first. */
+HAK_INLINE bool tc_push_behind(uint32_t cls, void *p, bool behind) {
     size_t c = cls;
     if (hak_unlikely(tc_word_room_take(&tc_self.cnt[c]))) return false;
     void **first = tc_self.head[c];
-    if (hak_unlikely(first == NULL)) {
-        *(void **)p = NULL;
-        tc_self.head[c] = p;
+    if (behind && first != NULL) {
+        *(void **)p = *first;
+        *first = p;
         return true;
     }
-    *(void **)p = *first;
-    *first = p;
+    *(void **)p = first;
+    tc_self.head[c] = p;
     return true;
 }
 

@@ -295,7 +295,7 @@ void l25_free_slow(void *p, uint32_t cls) {
     /* Full: half back, then p in (tcache.h). */
     uint32_t half = tc_batch(cls);
     tc_flush(cls, half ? half : 1, l25_give_back);
-    tc_push_behind(cls, p);
+    tc_push_behind(cls, p, small_class_size[cls] >= L25_BEHIND_MIN);
 }
 
 void l25_free_other(void *p, struct l25_bundle *b) {
