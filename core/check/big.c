@@ -26,6 +26,7 @@ void chk_big_tail(const struct chk_big *b) {
 }
 
 static uint8_t *chk_big_reuse(size_t map, size_t data_len);
+static uintptr_t chk_big_bad(const struct chk_big *b, enum diag_kind *kind);
 
 /* The live big blocks, for the walk at exit (chk_q_lock). */
 static struct chk_big *chk_big_live;
@@ -48,15 +49,13 @@ static void chk_big_unlink(struct chk_big *b) {
 void chk_walk_big(const char *fn) {
     hak_lock(&chk_q_lock);
     for (const struct chk_big *b = chk_big_live; b != NULL; b = b->next) {
-        uint64_t w = chk_canary((uintptr_t)b);
-        uintptr_t t = b->u + b->n, end = b->end - t > CHK_BIG_TAIL ? t + CHK_BIG_TAIL : b->end;
-        uintptr_t below = chk_unpainted(b->lo, b->u, w), above = chk_unpainted(t, end, w);
-        if (below == b->u && above == end) continue;
+        enum diag_kind kind;
+        uintptr_t bad = chk_big_bad(b, &kind);
+        if (bad == 0) continue;
         uintptr_t u = b->u;
         size_t n = b->n;
-        hak_unlock(&chk_q_lock);
-        if (below != u) chk_report(fn, DIAG_HEAP_UNDERFLOW, u, n, -(ptrdiff_t)(u - below));
-        chk_report(fn, DIAG_HEAP_OVERFLOW, u, n, (ptrdiff_t)(above - u));
+        hak_unlock(&chk_q_lock); /* (the report allocates, and aborts) */
+        chk_report(fn, kind, u, n, (ptrdiff_t)(bad - u));
     }
     hak_unlock(&chk_q_lock);
 }
@@ -127,13 +126,22 @@ void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap) {
     return (void *)b->u;
 }
 
-void chk_big_canaries(const struct chk_big *b, const char *fn) {
+/* The first byte of b's canaries (below the block down to lo, and its
+ * tail) that is not canary, and *kind what it is; 0 when all are. */
+static uintptr_t chk_big_bad(const struct chk_big *b, enum diag_kind *kind) {
     uint64_t w = chk_canary((uintptr_t)b);
-    uintptr_t bad = chk_unpainted(b->lo, b->u, w);
-    if (bad != b->u) chk_report(fn, DIAG_HEAP_UNDERFLOW, b->u, b->n, -(ptrdiff_t)(b->u - bad));
-    uintptr_t t = b->u + b->n, end = b->end - t > CHK_BIG_TAIL ? t + CHK_BIG_TAIL : b->end;
+    uintptr_t bad, t = b->u + b->n, end = b->end - t > CHK_BIG_TAIL ? t + CHK_BIG_TAIL : b->end;
+    *kind = DIAG_HEAP_UNDERFLOW;
+    if ((bad = chk_unpainted(b->lo, b->u, w)) != b->u) return bad;
+    *kind = DIAG_HEAP_OVERFLOW;
     bad = chk_unpainted(t, end, w);
-    if (bad != end) chk_report(fn, DIAG_HEAP_OVERFLOW, b->u, b->n, (ptrdiff_t)(bad - b->u));
+    return bad != end ? bad : 0;
+}
+
+void chk_big_canaries(const struct chk_big *b, const char *fn) {
+    enum diag_kind kind;
+    uintptr_t bad = chk_big_bad(b, &kind);
+    if (bad != 0) chk_report(fn, kind, b->u, b->n, (ptrdiff_t)(bad - b->u));
 }
 
 /* ---- big blocks' quarantine -------------------------------------------------- */

@@ -292,15 +292,25 @@ void chk_walk_big(const char *fn);
 void *chk_slab_alloc(size_t n, size_t align, unsigned fam);
 
 /* (Here, not in slots.c: inlined in chk_inspect, on every free.) */
-/* Slab block a's canaries: below it from word1 on, after it to the slot's end. */
+/* The first byte of a live slab block's canaries (below it from word1 on,
+ * after it to the slot's end) that is not canary, and *kind what it is; 0
+ * when all are. free reports it (chk_slab_canaries), the walk at exit too. */
+static inline uintptr_t chk_slab_bad(uintptr_t slot, size_t size, const struct chk_slot *s,
+                                     enum diag_kind *kind) {
+    uintptr_t u = slot + s->uoff, end = slot + size, bad;
+    uint64_t w = chk_canary(slot);
+    *kind = DIAG_HEAP_UNDERFLOW;
+    if ((bad = chk_unpainted(slot + 8, u, w)) != u) return bad;
+    *kind = DIAG_HEAP_OVERFLOW;
+    bad = chk_unpainted(u + s->n, end, w);
+    return bad != end ? bad : 0;
+}
+
 static inline void chk_slab_canaries(uintptr_t slot, size_t size, const struct chk_slot *s,
                                      const char *fn) {
-    uintptr_t u = slot + s->uoff, end = slot + size;
-    uint64_t w = chk_canary(slot);
-    uintptr_t bad = chk_unpainted(slot + 8, u, w);
-    if (bad != u) chk_report(fn, DIAG_HEAP_UNDERFLOW, u, s->n, -(ptrdiff_t)(u - bad));
-    bad = chk_unpainted(u + s->n, end, w);
-    if (bad != end) chk_report(fn, DIAG_HEAP_OVERFLOW, u, s->n, (ptrdiff_t)(bad - u));
+    enum diag_kind kind;
+    uintptr_t bad = chk_slab_bad(slot, size, s, &kind), u = slot + s->uoff;
+    if (hak_unlikely(bad != 0)) chk_report(fn, kind, u, s->n, (ptrdiff_t)(bad - u));
 }
 
 /* ---- big blocks: a mapping each (big.c) ------------------------------------- */
@@ -322,6 +332,13 @@ struct chk_big {
 };
 
 void chk_big_tail(const struct chk_big *b);
+/* The descriptor of the big mapping that holds x (entry e, CHK_BIG), NULL
+ * when its check word says it is none. */
+static inline const struct chk_big *chk_big_at(uintptr_t x, uint32_t e) {
+    uintptr_t base = rmap_region_base((void *)x) - (uintptr_t)chk_arg(e) * HAK_REGION_SIZE;
+    const struct chk_big *g = (const struct chk_big *)base;
+    return g->check == (chk_key(base) ^ g->u) ? g : NULL;
+}
 void *chk_big_alloc(size_t n, size_t align, unsigned fam, size_t cap);
 void chk_big_canaries(const struct chk_big *b, const char *fn);
 

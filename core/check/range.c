@@ -49,9 +49,8 @@ static bool chk_cell_at(uintptr_t x, uint32_t e, struct chk_cell *c) {
         return true;
     }
     if (chk_sub(e) == CHK_BIG) {
-        uintptr_t base = rmap_region_base((void *)x) - (uintptr_t)chk_arg(e) * HAK_REGION_SIZE;
-        const struct chk_big *g = (const struct chk_big *)base;
-        if (g->check != (chk_key(base) ^ g->u)) return false;
+        const struct chk_big *g = chk_big_at(x, e);
+        if (g == NULL) return false;
         *c = (struct chk_cell){.u = g->u,
                                .n = g->n,
                                .live = atomic_load_explicit(&g->state, memory_order_acquire) ==

@@ -332,18 +332,10 @@ void chk_thread_exit(void) {
  * intact. *kind: what the byte is. */
 static uintptr_t chk_slot_bad(uintptr_t slot, size_t size, const struct chk_slot *s,
                               enum diag_kind *kind) {
-    uintptr_t u = slot + s->uoff, end = slot + size, bad;
-    if (s->state == CHK_FREED) {
-        *kind = DIAG_WRITE_AFTER_FREE;
-        bad = chk_zero_scan(slot + CHK_HDR, end);
-        return bad != end ? bad : 0;
-    }
-    uint64_t w = chk_canary(slot);
-    *kind = DIAG_HEAP_UNDERFLOW;
-    if ((bad = chk_unpainted(slot + 8, u, w)) != u) return bad;
-    *kind = DIAG_HEAP_OVERFLOW;
-    bad = chk_unpainted(u + s->n, end, w);
-    return bad != end ? bad : 0;
+    if (s->state != CHK_FREED) return chk_slab_bad(slot, size, s, kind);
+    *kind = DIAG_WRITE_AFTER_FREE;
+    uintptr_t bad = chk_zero_scan(slot + CHK_HDR, slot + size);
+    return bad != slot + size ? bad : 0;
 }
 
 /* Every slot cut from every region. Other threads may be freeing,

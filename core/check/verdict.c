@@ -75,10 +75,9 @@ static enum chk_verdict chk_find(uintptr_t a, uint32_t e, struct chk_block *b) {
         return i >= 0 ? CHK_IS_LIVE : i == -2 ? CHK_IS_FREED : CHK_NOT_A_BLOCK;
     }
     if (b->sub == CHK_BIG) {
-        uintptr_t base = rmap_region_base((void *)a) - (uintptr_t)chk_arg(e) * HAK_REGION_SIZE;
-        const struct chk_big *g = (const struct chk_big *)base;
-        if (g->u != a || g->check != (chk_key(base) ^ a)) return CHK_NOT_A_BLOCK;
-        b->slot = base;
+        const struct chk_big *g = chk_big_at(a, e);
+        if (g == NULL || g->u != a) return CHK_NOT_A_BLOCK;
+        b->slot = (uintptr_t)g;
         b->s.n = g->n;
         b->s.fam = g->fam;
         return atomic_load_explicit(&g->state, memory_order_acquire) == CHK_LIVE ? CHK_IS_LIVE
