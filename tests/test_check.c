@@ -839,7 +839,10 @@ static void test_overflow_of_live_block_found_at_exit(void **state) {
  * (a slot being zeroed, painted or grown is no bug). It fails when free
  * does not mark a slot WIPING before zeroing it, or malloc does not clear
  * word0 before painting a reused slot. */
+/* The workers of a walk test run until the main thread has walked
+ * (malloc_trim) a fixed number of times: no clock. */
 static _Atomic bool walk_done;
+
 static void *walk_churn(void *arg) {
     uint32_t rng = (uint32_t)(uintptr_t)arg;
     char *slot[64] = {0};
@@ -866,24 +869,6 @@ static void *walk_churn(void *arg) {
     return NULL;
 }
 
-static void walk_beside_threads(void *arg) {
-    (void)arg;
-    pthread_t t[2];
-    for (uintptr_t i = 0; i < 2; i++)
-        CHILD_CHECK(pthread_create(&t[i], NULL, walk_churn, (void *)(i + 1)) == 0);
-    for (int round = 0; round < 200; round++)
-        malloc_trim(0);
-    atomic_store(&walk_done, true);
-    for (int i = 0; i < 2; i++)
-        pthread_join(t[i], NULL);
-    exit(0); /* (and the walk at exit) */
-}
-
-static void test_walk_beside_busy_threads(void **state) {
-    (void)state;
-    expect_clean_exit(walk_beside_threads, NULL);
-}
-
 /* Found by review: a block grown in place and shrunk back had the same
  * word0 as before, and a walk that read the grown bytes as a broken canary
  * then saw nothing change: "malloc_trim(): heap overflow" of a correct
@@ -905,14 +890,15 @@ static void *grow_shrink_back(void *arg) {
     return NULL;
 }
 
-static void walk_beside_grow_shrink(void *arg) {
-    (void)arg;
+/* Two threads run `worker` while this one walks `walks` times
+ * (malloc_trim), then exits (and walks at exit). Run in a fresh process
+ * (`test_check --walk-busy` / `--walk-grow-shrink`): with the few slots it
+ * holds, each walk is short, and the walks meet the workers' changes often. */
+static int walk_beside(void *(*worker)(void *), int walks) {
     pthread_t t[2];
-    for (int i = 0; i < 2; i++)
-        CHILD_CHECK(pthread_create(&t[i], NULL, grow_shrink_back, NULL) == 0);
-    /* (For a second: each walk reads every slot the test program holds.) */
-    int64_t until = now_ms() + 1000;
-    while (now_ms() < until)
+    for (uintptr_t i = 0; i < 2; i++)
+        if (pthread_create(&t[i], NULL, worker, (void *)(i + 1)) != 0) return 1;
+    for (int i = 0; i < walks; i++)
         malloc_trim(0);
     atomic_store(&walk_done, true);
     for (int i = 0; i < 2; i++)
@@ -920,10 +906,24 @@ static void walk_beside_grow_shrink(void *arg) {
     exit(0);
 }
 
+static void exec_walk_busy(void *arg) {
+    (void)arg;
+    exec_self_as("--walk-busy");
+}
+
+static void exec_walk_grow_shrink(void *arg) {
+    (void)arg;
+    exec_self_as("--walk-grow-shrink");
+}
+
+static void test_walk_beside_busy_threads(void **state) {
+    (void)state;
+    expect_clean_exit(exec_walk_busy, NULL);
+}
+
 static void test_walk_beside_grow_and_shrink_back(void **state) {
     (void)state;
-    atomic_store(&walk_done, false);
-    expect_clean_exit(walk_beside_grow_shrink, NULL);
+    expect_clean_exit(exec_walk_grow_shrink, NULL);
 }
 #endif
 
@@ -1093,7 +1093,7 @@ static void test_memory_operations_in_bounds_pass(void **state) {
 #endif
 
 int main(int argc, char **argv) {
-    (void)argc;
+    (void)argc; /* (the walk modes are not in the TSan build) */
     const char *on = getenv("HAKMEM_CHECK");
     if (on == NULL || strcmp(on, "1") != 0) {
         setenv("HAKMEM_CHECK", "1", 1);
@@ -1101,6 +1101,11 @@ int main(int argc, char **argv) {
         perror("test_check: re-running with HAKMEM_CHECK=1");
         return 1;
     }
+#ifndef HAK_TEST_TSAN
+    if (argc == 2 && strcmp(argv[1], "--walk-busy") == 0) return walk_beside(walk_churn, 2000);
+    if (argc == 2 && strcmp(argv[1], "--walk-grow-shrink") == 0)
+        return walk_beside(grow_shrink_back, 2000);
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mode_is_on),
         cmocka_unit_test(test_overflow_reported_with_offset),
