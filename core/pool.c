@@ -136,7 +136,7 @@ static bool pool_chunk_new(struct pool_heap *h) {
     c->owner = h;
     c->size = size;
     atomic_store_explicit(&c->bump, (uint8_t *)c + POOL_CHUNK_HDR, memory_order_relaxed);
-    c->end = (uint8_t *)c + size;
+    c->end = (uint8_t *)c + size - ARENA_GUARD; /* (the guard page: arena.h) */
     pool_all_link(h, c);
     h->cur = c;
     size_t max = (size_t)hak_cfg.pool_arena_mb_max << 20;

@@ -11,6 +11,7 @@
 #include "box/config.h"
 #include "box/os.h"
 #include "box/rmap.h"
+#include "death.h"
 #include "maps.h"
 #include "superslab/ss.h"
 
@@ -89,10 +90,10 @@ static void test_alloc_commits_free_gives_back(void **state) {
     uint8_t *p = arena_alloc(4 * MiB);
     assert_non_null(p);
     assert_int_equal((uintptr_t)p % (2 * MiB), 0);
-    assert_true(maps_writable(p) && maps_writable(p + 4 * MiB - 1));
-    for (size_t k = 0; k < 4 * MiB; k += 4096)
+    assert_true(maps_writable(p) && maps_writable(p + 4 * MiB - ARENA_GUARD - 1));
+    for (size_t k = 0; k < 4 * MiB - ARENA_GUARD; k += 4096)
         assert_int_equal(p[k], 0);
-    memset(p, 0x3c, 4 * MiB);
+    memset(p, 0x3c, 4 * MiB - ARENA_GUARD);
     assert_int_equal(os_calls(OS_MMAP), mm); /* no mapping of its own */
     arena_free(p, 4 * MiB);
     assert_true(maps_given_back(p, 4 * MiB));
@@ -102,6 +103,37 @@ static void test_alloc_commits_free_gives_back(void **state) {
     assert_int_equal(p[12345], 0);
     assert_int_equal(q[12345], 0);
     arena_free(q, 4 * MiB);
+}
+
+/* Writes from 1 MiB into a run up to 1 MiB into the run after it. */
+static void write_across(void *arg) {
+    volatile uint8_t *a = arg;
+    for (size_t k = 1 * MiB; k < 3 * MiB; k++)
+        a[k] = 0x41;
+    _exit(0);
+}
+
+/* Two runs side by side: a run of writes off the first one's end faults
+ * on its guard page, with guard markers and without (mprotect). */
+static void runs_end_in_guards(void) {
+    uint8_t *a = arena_alloc(2 * MiB), *b = arena_alloc(2 * MiB);
+    assert_ptr_equal(b, a + 2 * MiB);
+    memset(a, 1, 2 * MiB - ARENA_GUARD);
+    memset(b, 1, 2 * MiB - ARENA_GUARD);
+    struct death d;
+    run_child(write_across, a, &d);
+    assert_true(WIFSIGNALED(d.status) && WTERMSIG(d.status) == SIGSEGV);
+    assert_false(maps_writable(a + 2 * MiB - 1) && !os_guard_markers());
+    arena_free(a, 2 * MiB);
+    arena_free(b, 2 * MiB);
+}
+
+static void test_runs_end_in_guard_pages(void **state) {
+    (void)state;
+    runs_end_in_guards();
+    os_fault_no_markers(true);
+    runs_end_in_guards();
+    os_fault_no_markers(false);
 }
 
 static void test_runs_of_free_units(void **state) {
@@ -246,6 +278,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_halves_of_one_window),
         cmocka_unit_test(test_alloc_commits_free_gives_back),
+        cmocka_unit_test(test_runs_end_in_guard_pages),
         cmocka_unit_test(test_runs_of_free_units),
         cmocka_unit_test(test_tiers_map_nothing),
         cmocka_unit_test(test_most_of_an_address_space_limit),

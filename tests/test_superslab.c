@@ -21,6 +21,7 @@
 #include "sizeclass.h"
 #include "superslab/ss.h"
 
+#include "death.h"
 #include "maps.h"
 
 #include <errno.h>
@@ -241,10 +242,12 @@ static void test_new_superslab_then_its_unused_slots(void **state) {
     assert_int_equal(after.stage3_os - before.stage3_os, 1);
     assert_int_equal(after.stage3_cache - before.stage3_cache, 0);
     assert_int_equal(after.live - before.live, 1);
-    /* One mprotect makes its place in the range writable (the first time,
-     * the range itself is reserved: mmaps and one more mprotect). */
+    /* One mprotect makes its header slot writable, one more each UNUSED
+     * slot as it is taken, its first included (the first time, the range
+     * itself is reserved: mmaps and one more mprotect). */
     uint64_t dm = os_calls(OS_MMAP) - mmaps, dp = os_calls(OS_MPROTECT) - prots;
-    assert_true((dm == 0 && dp == 1) || (dm >= 1 && dm <= 4 && dp == 2));
+    uint64_t taken = after.stage2 - before.stage2; /* UNUSED slots, here and before */
+    assert_true((dm == 0 && dp == 2 + taken) || (dm >= 1 && dm <= 4 && dp == 3 + taken));
     assert_true(after.stage2 - before.stage2 >= DATA_SLOTS - 1);
     /* 31 distinct data slots of one SuperSlab, the header slot never. */
     uint32_t seen = 0;
@@ -269,8 +272,9 @@ static void test_new_superslab_then_its_unused_slots(void **state) {
     hold(next);
     assert_int_equal(st, ST_3_OS);
     assert_ptr_not_equal(ss_of(next), ss);
-    assert_int_equal(os_calls(OS_MPROTECT) - prots, 1);
-    /* ... whose other slots stage 2 hands out, without a syscall. */
+    assert_int_equal(os_calls(OS_MPROTECT) - prots, 2); /* its header slot, then next's */
+    /* ... whose other slots stage 2 hands out, each made writable by one
+     * mprotect (no other syscall). */
     mmaps = os_calls(OS_MMAP);
     prots = os_calls(OS_MPROTECT);
     struct ss_slab *again = acquire(CLS_B, &st);
@@ -279,7 +283,7 @@ static void test_new_superslab_then_its_unused_slots(void **state) {
     assert_ptr_equal(ss_of(again), ss_of(next));
     assert_int_equal(again->size, small_class_size[CLS_B]);
     assert_int_equal(os_calls(OS_MMAP), mmaps);
-    assert_int_equal(os_calls(OS_MPROTECT), prots);
+    assert_int_equal(os_calls(OS_MPROTECT) - prots, 1);
 }
 
 /* ---- stage 1: the same class gets its own EMPTY slab back ------------------- */
@@ -487,6 +491,39 @@ static void test_idle_superslab_waits_for_a_pass(void **state) {
     assert_int_equal(c.retired - a.retired, 1);
 }
 
+static void write_two_slots(void *arg) {
+    volatile uint8_t *p = arg;
+    for (size_t k = 0; k < 2 * SS_SLOT_SIZE; k++)
+        p[k] = 0x41;
+    _exit(0);
+}
+
+/* A SuperSlab's slots are made writable as they are taken, lowest first:
+ * a run of writes off the last one taken faults on the next. */
+static void test_untaken_slots_read_only(void **state) {
+    (void)state;
+    ss_trim();
+    enum stage st = ST_NONE;
+    struct ss_slab *x = NULL;
+    for (int i = 0; i < HELD_MAX && st != ST_3_CACHE && st != ST_3_OS; i++)
+        hold(x = acquire(CLS_A, &st));
+    assert_true(st == ST_3_CACHE || st == ST_3_OS);
+    uint8_t *base = ss_slab_base(x);
+    char perms[5];
+    assert_true(maps_perms(base + SS_SLOT_SIZE, perms) && strcmp(perms, "r--p") == 0);
+    memset(base, 1, SS_SLOT_SIZE);
+    struct death d;
+    run_child(write_two_slots, base, &d);
+    assert_true(WIFSIGNALED(d.status) && WTERMSIG(d.status) == SIGSEGV);
+    /* The next slot taken is the one above, writable now. */
+    struct ss_slab *y = acquire(CLS_A, &st);
+    hold(y);
+    assert_int_equal(st, ST_2);
+    assert_ptr_equal(ss_slab_base(y), base + SS_SLOT_SIZE);
+    memset(ss_slab_base(y), 1, SS_SLOT_SIZE);
+    assert_true(maps_perms(base + 2 * SS_SLOT_SIZE, perms) && strcmp(perms, "r--p") == 0);
+}
+
 static void test_retired_superslab_cached_then_reused(void **state) {
     (void)state;
     hak_cfg.ss_cache = 1000;
@@ -519,11 +556,13 @@ static void test_retired_superslab_cached_then_reused(void **state) {
     }
     assert_int_equal(ss->nactive, 0);
     assert_true(maps_writable(ss));
+    /* Its data slots read-only again (one mprotect), as a new one's. */
     char perms[5];
-    assert_true(maps_perms(ss_slab_base(s[3]), perms) && perms[1] == 'w');
+    assert_true(maps_perms(ss_slab_base(s[3]), perms) && strcmp(perms, "r--p") == 0);
     assert_false(maps_resident(ss_slab_base(s[3]) + SS_SLOT_SIZE - 1));
 
-    /* The next stage-3 acquire takes it from the cache: no mmap. */
+    /* The next stage-3 acquire takes it from the cache: no mmap; its
+     * first data slot made writable. */
     uint64_t mmaps = os_calls(OS_MMAP);
     enum stage st;
     struct ss_slab *x = acquire(CLS_B, &st);
@@ -586,8 +625,8 @@ static void test_retired_superslab_unmapped_without_cache(void **state) {
     assert_int_equal(st, ST_3_OS);
     assert_ptr_equal(ss_of(x), ss);
     assert_true(maps_writable(ss));
-    assert_int_equal(os_calls(OS_MPROTECT) - prots, 1);
-    memset(ss_slab_base(x), 0x66, SS_SLOT_SIZE); /* writable again */
+    assert_int_equal(os_calls(OS_MPROTECT) - prots, 2); /* the header slot, then x's */
+    memset(ss_slab_base(x), 0x66, SS_SLOT_SIZE);        /* writable again */
 }
 
 static void test_cache_bound_then_unmap(void **state) {
@@ -828,6 +867,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_empty_slab_of_other_class_is_recut, release_held),
         cmocka_unit_test_teardown(test_unused_slot_preferred_to_recut, release_held),
         cmocka_unit_test_teardown(test_idle_superslab_waits_for_a_pass, release_held),
+        cmocka_unit_test_teardown(test_untaken_slots_read_only, release_held),
         cmocka_unit_test_teardown(test_retired_superslab_cached_then_reused, release_held),
         cmocka_unit_test_teardown(test_retired_superslab_unmapped_without_cache, release_held),
         cmocka_unit_test_teardown(test_cache_bound_then_unmap, release_held),

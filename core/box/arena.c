@@ -8,6 +8,7 @@
 #include "sizes.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #define ARENA_WINDOW    ((size_t)1 << 38)   /* 256 GiB: two halves of 128 GiB */
 #define ARENA_MIN       ((size_t)128 << 20) /* smallest window a fallback takes */
@@ -16,6 +17,9 @@
 #define ARENA_UNIT      HAK_REGION_SIZE
 #define ARENA_MAX_UNITS (ARENA_WINDOW / 2 / ARENA_UNIT)
 #define ARENA_TRIES     4 /* windows tried at hint addresses before the fallback */
+/* Guards that split a mapping (no guard markers): each costs a mapping of
+ * the process's map count (65530 by default), so a bounded few. */
+#define ARENA_SPLIT_GUARDS 1024
 
 static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Placing the window was tried and refused (address space exhausted): not
@@ -37,6 +41,7 @@ static bool arena_units_stuck;
 static uint64_t arena_free_units[ARENA_MAX_UNITS / 64];
 static size_t arena_nfree, arena_used;
 static uint64_t arena_fallbacks;
+static _Atomic uint32_t arena_split_guards; /* guards made by mprotect so far */
 
 /* The next step of a half with `have` bytes reserved: as much again, at
  * least ARENA_STEP, within the half. Under an address-space limit
@@ -190,6 +195,23 @@ static size_t arena_take_top(size_t n) {
     return arena_top - n;
 }
 
+/* Commit [p, p+size) with its last page a guard (arena.h). false when the
+ * OS refused the commit. */
+static bool arena_commit(uint8_t *p, size_t size) {
+    if (hak_huge_heaps()) return os_commit(p, size); /* a guard would split a huge page */
+    if (os_guard_markers()) {
+        if (!os_commit(p, size)) return false;
+        /* (Refused in locked memory: no guard then.) */
+        os_guard_add(p + size - ARENA_GUARD, ARENA_GUARD);
+        return true;
+    }
+    /* The last page is left as the reservation (or arena_free) made it. */
+    if (atomic_fetch_add_explicit(&arena_split_guards, 1, memory_order_relaxed) <
+        ARENA_SPLIT_GUARDS)
+        return os_commit(p, size - ARENA_GUARD);
+    return os_commit(p, size);
+}
+
 /* arena_alloc's unit(s), in small pages: records' units too. */
 static void *arena_take(size_t size) {
     size_t n = (size + ARENA_UNIT - 1) / ARENA_UNIT;
@@ -207,8 +229,8 @@ static void *arena_take(size_t size) {
     hak_unlock(&arena_lock);
 
     if (first != SIZE_MAX) {
-        void *p = (void *)(arena_mid + first * ARENA_UNIT);
-        if (os_commit(p, size)) return p;
+        uint8_t *p = (uint8_t *)(arena_mid + first * ARENA_UNIT);
+        if (arena_commit(p, size)) return p;
         hak_lock(&arena_lock); /* refused (commit limit): the units are free again */
         arena_mark(first, n, true);
         arena_nfree += n;
@@ -219,7 +241,10 @@ static void *arena_take(size_t size) {
     hak_lock(&arena_lock);
     arena_fallbacks++;
     hak_unlock(&arena_lock);
-    return os_map_aligned(hak_align_up(size, HAK_PAGE_SIZE), ARENA_UNIT);
+    size = hak_align_up(size, HAK_PAGE_SIZE);
+    uint8_t *p = os_map_aligned(size, ARENA_UNIT);
+    if (p != NULL && !hak_huge_heaps()) os_guard_add(p + size - ARENA_GUARD, ARENA_GUARD);
+    return p;
 }
 
 void *arena_alloc(size_t size) {
@@ -234,7 +259,7 @@ static size_t arena_meta_left;
 
 void *arena_meta(size_t size) {
     size = hak_align_up(size, 64);
-    if (size > ARENA_UNIT) return NULL;
+    if (size > ARENA_UNIT - ARENA_GUARD) return NULL;
     hak_lock(&arena_lock);
     if (arena_meta_left < size) {
         hak_unlock(&arena_lock);
@@ -242,7 +267,7 @@ void *arena_meta(size_t size) {
         if (u == NULL) return NULL;
         hak_lock(&arena_lock);
         arena_meta_cur = u; /* (a unit another thread took meanwhile keeps its rest) */
-        arena_meta_left = ARENA_UNIT;
+        arena_meta_left = ARENA_UNIT - ARENA_GUARD;
     }
     void *p = arena_meta_cur;
     arena_meta_cur += size;

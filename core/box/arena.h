@@ -33,13 +33,23 @@ bool arena_ss_shrink(size_t top);
  * went. Also lets a refused window placement be tried again. */
 bool arena_trim(void);
 
-/* `size` bytes (a page multiple), readable, writable and zero, starting
- * on a 2 MiB boundary, in huge pages with HAKMEM_HUGEPAGES=2. From the
- * upper half while it has room, else a mapping of its own; NULL when the
- * OS refuses both. */
+/* Every run arena_alloc returns ends in a guard page, which its user
+ * leaves alone: a run of writes off one run's end, or into its start from
+ * below, faults there instead of reaching the next run (a block's
+ * neighbours, the tiers' records). Best effort, and never where it would
+ * cost memory or the map count: none in huge pages (HAKMEM_HUGEPAGES=2); on
+ * a kernel without guard markers (before Linux 6.13), where a guard splits
+ * the mapping, only the first ARENA_SPLIT_GUARDS runs get one. */
+#define ARENA_GUARD HAK_PAGE_SIZE
+
+/* `size` bytes (a page multiple, more than ARENA_GUARD), the last page a
+ * guard (ARENA_GUARD), the rest readable, writable and zero, starting on a
+ * 2 MiB boundary, in huge pages with HAKMEM_HUGEPAGES=2. From the upper half
+ * while it has room, else a mapping of its own; NULL when the OS refuses
+ * both. */
 void *arena_alloc(size_t size);
 /* Records a tier keeps for the life of the process (small pages always) (heap records,
- * descriptor chunks): `size` bytes (at most 2 MiB), zeroed, 64-byte aligned,
+ * descriptor chunks): `size` bytes (at most 2 MiB less ARENA_GUARD), zeroed, 64-byte aligned,
  * carved from units they share, so a few small records cost one unit of
  * address space, not one each. Never given back. NULL when out of memory. */
 void *arena_meta(size_t size);

@@ -448,6 +448,10 @@ static bool os_guard_set(void *p, size_t size, int advice, int prot, bool inject
     return ok;
 }
 
+bool os_guard_markers(void) {
+    return os_have_markers();
+}
+
 bool os_guard_add(void *p, size_t size) {
     return os_guard_set(p, size, MADV_GUARD_INSTALL, PROT_NONE, os_fault(OS_SITE_GUARD_ADD));
 }

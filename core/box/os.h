@@ -103,6 +103,8 @@ bool os_guard_add(void *p, size_t size);
 /* Take os_guard_add's guard away: [p, p+size) is readable and writable
  * again. false when refused: it may still fault. */
 bool os_guard_remove(void *p, size_t size);
+/* Whether os_guard_add costs no mapping (the kernel has guard markers). */
+bool os_guard_markers(void);
 
 uint64_t os_calls(enum os_call kind);
 

@@ -73,7 +73,7 @@ void l25_bundle_format(struct l25_bundle *b, uint32_t cls, uint32_t shard, uint8
     /* floor(2^64 / stride) + 1, or exactly 2^64 / stride for a power of two
      * (exact then too). */
     b->magic = UINT64_MAX / stride + 1;
-    b->nblocks = (uint32_t)(span / stride);
+    b->nblocks = (uint32_t)((span - ARENA_GUARD) / stride); /* (the guard page: arena.h) */
     b->shard = shard;
     b->owner = L25_SHARED;
     if (stride != size) { /* coloured: the state bytes in the gaps */
@@ -220,7 +220,7 @@ bool l25_run_decommit(struct l25_bundle *b, uint32_t w, uint64_t run) {
            last = first + (size_t)__builtin_popcountll(run);
     uintptr_t lo = hak_align_up((uintptr_t)b->base + first * b->stride, HAK_PAGE_SIZE);
     uintptr_t hi = last == b->nblocks
-                       ? (uintptr_t)b->base + b->span
+                       ? (uintptr_t)b->base + b->span - ARENA_GUARD
                        : ((uintptr_t)b->base + last * b->stride) & ~(uintptr_t)(HAK_PAGE_SIZE - 1);
     if (hi <= lo || !os_decommit((void *)lo, hi - lo)) return false;
     atomic_fetch_add_explicit(&l25_free_decommitted, hi - lo, memory_order_relaxed);

@@ -4,6 +4,7 @@
 #ifndef HAK_L25_INTERNAL_H
 #define HAK_L25_INTERNAL_H
 
+#include "box/arena.h"
 #include "l25/l25.h"
 
 #include "sizes.h"
@@ -75,10 +76,11 @@ struct l25_heap {
     uint64_t park_pass; /* the last pass over parked heaps that had it (l25_parked_each) */
 };
 
-/* The smallest of 2, 4, 8 MiB holding 4 blocks one stride apart. */
+/* The smallest of 2, 4, 8 MiB holding 4 blocks one stride apart before its
+ * guard page. */
 static inline size_t l25_span(uint32_t stride) {
     size_t span = HAK_REGION_SIZE;
-    while (span < 4 * (size_t)stride)
+    while (span - ARENA_GUARD < 4 * (size_t)stride)
         span *= 2;
     return span;
 }

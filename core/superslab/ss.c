@@ -233,10 +233,19 @@ static void ss_partial_changed(void) {
     atomic_store_explicit(&ss_have_partial, ss_partial != NULL, memory_order_relaxed);
 }
 
-/* Take an UNUSED slot of a partial SuperSlab. Lock held; ss_partial set. */
+/* Take an UNUSED slot of a partial SuperSlab: the lowest, made writable
+ * if it is not. NULL when the OS refused that (commit limit). Lock held;
+ * ss_partial set. */
 static struct ss_slab *ss_take_unused(uint32_t cls, uint32_t size) {
     struct superslab *ss = ss_partial;
     uint32_t i = (uint32_t)__builtin_ctz(ss->unused_mask);
+    if (i >= ss->writable) {
+        /* (One 64 KiB mprotect a slot a SuperSlab's life; the slot's page
+         * faults cost more. It joins the mapping of the slots below.) */
+        uint8_t *from = (uint8_t *)ss + (size_t)ss->writable * SS_SLOT_SIZE;
+        if (!os_commit(from, (size_t)(i + 1 - ss->writable) * SS_SLOT_SIZE)) return NULL;
+        ss->writable = i + 1;
+    }
     ss->unused_mask &= ~(1u << i);
     if (ss->unused_mask == 0) {
         ss_unlink(&ss_partial, ss);
@@ -276,7 +285,10 @@ static struct ss_slab *ss_acquire_new(uint32_t cls, uint32_t size) {
     hak_unlock(&ss_lock);
     if (ss == NULL) {
         if (a == 0) return NULL;
-        if (!os_commit((void *)a, SS_SIZE)) {
+        /* The header slot; the others as they are taken (ss_take_unused),
+         * but in huge pages, which a read-only slot would split. */
+        uint32_t writable = hak_huge_heaps() ? SS_NSLOTS : SS_FIRST_SLOT;
+        if (!os_commit((void *)a, (size_t)writable * SS_SLOT_SIZE)) {
             hak_lock(&ss_lock);
             ss_range_put(a);
             hak_unlock(&ss_lock);
@@ -285,6 +297,7 @@ static struct ss_slab *ss_acquire_new(uint32_t cls, uint32_t size) {
         /* The flag stays with the place while it is cached (decommit keeps it). */
         if (hak_huge_heaps()) os_hugepages((void *)a, SS_SIZE);
         ss = (struct superslab *)a;
+        ss->writable = writable;
         for (uint32_t i = 0; i < SS_NSLOTS; i++)
             atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
     }
@@ -357,6 +370,11 @@ static void ss_retire(struct superslab *ss) {
      * they are cut again from zeroes. Pages that cannot go (locked) would
      * keep the old cuts' bytes and free marks: such a SuperSlab is unmapped. */
     bool dropped = cache && os_decommit((uint8_t *)ss + SS_SLOT_SIZE, SS_SIZE - SS_SLOT_SIZE);
+    /* Its data slots read-only again, as a new SuperSlab's, so that they
+     * are made writable as they are taken (kept writable if refused). */
+    if (dropped && ss->writable > SS_FIRST_SLOT &&
+        os_readable((uint8_t *)ss + SS_SLOT_SIZE, (size_t)(ss->writable - 1) * SS_SLOT_SIZE))
+        ss->writable = SS_FIRST_SLOT;
     if (!dropped) {
         if (cache) {
             hak_lock(&ss_lock);
