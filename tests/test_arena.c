@@ -136,6 +136,33 @@ static void test_runs_end_in_guard_pages(void **state) {
     os_fault_no_markers(false);
 }
 
+static void write_run(void *arg) {
+    memset(arg, 0x41, 4 * MiB - ARENA_GUARD);
+    _exit(0);
+}
+
+/* A run's guard marker outlives the run when its units go back by the
+ * fallback (the kernel refused the fresh mapping: the pages are dropped
+ * where they are, markers kept); a longer run over those units later must
+ * not fault in its middle (found by fuzz_api). */
+static void test_reused_units_lose_old_guards(void **state) {
+    (void)state;
+    uint8_t *a = arena_alloc(2 * MiB), *b = arena_alloc(2 * MiB);
+    assert_ptr_equal(b, a + 2 * MiB);
+    arena_free(b, 2 * MiB);
+    os_fault_only(1u << OS_SITE_UNCOMMIT_MAP);
+    os_fault_arm(0, UINT64_MAX);
+    arena_free(a, 2 * MiB); /* a's guard (its last page) stays, with markers */
+    os_fault_disarm();
+    os_fault_only(~0u);
+    uint8_t *c = arena_alloc(4 * MiB);
+    assert_ptr_equal(c, a); /* the lowest two free units: a's and b's */
+    struct death d;
+    run_child(write_run, c, &d);
+    assert_true(WIFEXITED(d.status) && WEXITSTATUS(d.status) == 0);
+    arena_free(c, 4 * MiB);
+}
+
 static void test_runs_of_free_units(void **state) {
     (void)state;
     uint8_t *a = arena_alloc(2 * MiB), *b = arena_alloc(2 * MiB), *c = arena_alloc(2 * MiB);
@@ -279,6 +306,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_halves_of_one_window),
         cmocka_unit_test(test_alloc_commits_free_gives_back),
         cmocka_unit_test(test_runs_end_in_guard_pages),
+        cmocka_unit_test(test_reused_units_lose_old_guards),
         cmocka_unit_test(test_runs_of_free_units),
         cmocka_unit_test(test_tiers_map_nothing),
         cmocka_unit_test(test_most_of_an_address_space_limit),

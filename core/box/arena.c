@@ -195,9 +195,14 @@ static size_t arena_take_top(size_t n) {
     return arena_top - n;
 }
 
-/* Commit [p, p+size) with its last page a guard (arena.h). false when the
- * OS refused the commit. */
-static bool arena_commit(uint8_t *p, size_t size) {
+/* Commit [p, p+size) with its last page a guard (arena.h); `reused`: the
+ * units held a run before. false when the OS refused. */
+static bool arena_commit(uint8_t *p, size_t size, bool reused) {
+    /* An earlier run's guard marker may still be there, inside this run:
+     * giving units back (arena_free) takes it away only when the kernel
+     * grants a fresh mapping, and a madvise that drops the pages instead
+     * keeps markers (fuzz_api: a block written over one faulted). */
+    if (reused && os_guard_markers() && !os_guard_remove(p, size)) return false;
     if (hak_huge_heaps()) return os_commit(p, size); /* a guard would split a huge page */
     if (os_guard_markers()) {
         if (!os_commit(p, size)) return false;
@@ -216,10 +221,12 @@ static bool arena_commit(uint8_t *p, size_t size) {
 static void *arena_take(size_t size) {
     size_t n = (size + ARENA_UNIT - 1) / ARENA_UNIT;
     size_t first = SIZE_MAX;
+    bool reused = false;
     hak_lock(&arena_lock);
     arena_place();
     if (arena_nfree >= n) first = arena_find_free(n);
     if (first != SIZE_MAX) {
+        reused = true;
         arena_mark(first, n, false);
         arena_nfree -= n;
     } else {
@@ -230,7 +237,7 @@ static void *arena_take(size_t size) {
 
     if (first != SIZE_MAX) {
         uint8_t *p = (uint8_t *)(arena_mid + first * ARENA_UNIT);
-        if (arena_commit(p, size)) return p;
+        if (arena_commit(p, size, reused)) return p;
         hak_lock(&arena_lock); /* refused (commit limit): the units are free again */
         arena_mark(first, n, true);
         arena_nfree += n;
