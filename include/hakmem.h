@@ -7,8 +7,9 @@
 #ifndef HAKMEM_H
 #define HAKMEM_H
 
-#include <malloc.h> /* struct mallinfo2 */
+#include <malloc.h> /* struct mallinfo2, struct mallinfo */
 #include <stddef.h>
+#include <stdio.h> /* FILE */
 
 #define HAKMEM_VERSION "0.1.0"
 
@@ -32,6 +33,11 @@ void hak_free_aligned_sized(void *ptr, size_t alignment, size_t size);
 int hak_malloc_trim(size_t pad);
 void hak_malloc_stats(void);
 struct mallinfo2 hak_mallinfo2(void);
+/* glibc's tuning and introspection calls, for hakmem's heap (docs/CONFIG.md,
+ * mallopt): every glibc parameter accepted with glibc's answer. */
+int hak_mallopt(int param, int value);
+struct mallinfo hak_mallinfo(void); /* mallinfo2's figures, each at most INT_MAX */
+int hak_malloc_info(int options, FILE *fp);
 
 /* The stats as one JSON object (docs/CONFIG.md, HAKMEM_STATS=json), at any
  * time, from any thread, with snprintf's contract: returns the length of

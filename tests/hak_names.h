@@ -26,5 +26,9 @@
 #define malloc_trim        hak_malloc_trim
 #define malloc_stats       hak_malloc_stats
 #define mallinfo2          hak_mallinfo2
+#define mallopt            hak_mallopt
+#define malloc_info        hak_malloc_info
+/* (function-like: `struct mallinfo` keeps its name) */
+#define mallinfo(...) hak_mallinfo(__VA_ARGS__)
 
 #endif

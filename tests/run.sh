@@ -215,7 +215,7 @@ step_done "cmocka suites (debug, ubsan, tsan, checked mode; $TEST_JOBS at a time
 # in checked mode.
 for check in tests/check_os_boundary.sh tests/check_layers.sh tests/check_install.sh \
     tests/check_command.sh tests/check_prof.sh tests/check_unwind.sh tests/check_bench_report.sh \
-    tests/check_harness.sh tests/scale/scale.py tests/check_memops.sh; do
+    tests/check_harness.sh tests/scale/scale.py tests/check_memops.sh tests/check_libc_names.sh; do
     if "$check"; then
         passed=$((passed + 1))
     else

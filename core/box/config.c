@@ -9,6 +9,7 @@
 struct hak_config hak_cfg = {
     .stats = HAK_STATS_OFF,
     .bigcache_bytes = (size_t)128 << 20,
+    .unmap_min = SIZE_MAX,
     .age_ms = HAK_CFG_AGE_MS_DEFAULT,
     .large_tcache_bytes = (size_t)16 << 20,
     .hugepages = HAK_HUGE_LARGE,

@@ -23,8 +23,9 @@ struct hak_config {
     uint8_t stats;          /* HAKMEM_STATS: a report at exit (enum hak_stats_mode) */
     const char *stats_file; /* HAKMEM_STATS_FILE: where it goes; NULL: stderr */
     size_t bigcache_bytes;  /* HAKMEM_BIGCACHE_MB: bytes of freed large mappings kept */
-    uint64_t age_ms; /* HAKMEM_AGE_MS (or its old name HAKMEM_BIGCACHE_AGE_MS): free memory unused
-                        this long goes back, in every tier */
+    size_t unmap_min; /* mallopt(M_MMAP_THRESHOLD): a freed Large mapping this big goes back */
+    uint64_t age_ms;  /* HAKMEM_AGE_MS (or its old name HAKMEM_BIGCACHE_AGE_MS): free memory unused
+                         this long goes back, in every tier */
     size_t large_tcache_bytes;   /* HAKMEM_LARGE_TCACHE_MB: a thread's own freed mappings */
     uint8_t hugepages;           /* HAKMEM_HUGEPAGES: who asks for huge pages (enum hak_huge) */
     uint64_t ss_cache;           /* HAKMEM_SS_CACHE: empty SuperSlabs kept, decommitted */
@@ -43,6 +44,10 @@ struct hak_config {
  * purges after 10 ms), short enough that `git gc --aggressive` and CPython
  * peak below jemalloc's RSS (at 1000 ms: 1.09x and 1.04x). */
 #define HAK_CFG_AGE_MS_DEFAULT 250
+
+/* HAKMEM_BIGCACHE_MB's largest value, in bytes (and mallopt's for a
+ * negative M_TRIM_THRESHOLD: never trim). */
+#define HAK_CFG_BIGCACHE_MAX ((size_t)65536 << 20)
 
 /* Defaults until config_load runs; then what the environment says. */
 extern HAK_HIDDEN struct hak_config hak_cfg;

@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HAK_API __attribute__((visibility("default")))
-
 /* C23 names glibc 2.36 does not declare yet. */
 void free_sized(void *p, size_t size);
 void free_aligned_sized(void *p, size_t alignment, size_t size);
@@ -430,8 +428,6 @@ HAK_API struct mallinfo2 hak_mallinfo2(void) {
  * Left out of the sanitizer builds (HAK_NO_OVERRIDE), whose tests call the
  * hak_ names while the sanitizer's own malloc serves everything else. */
 #ifndef HAK_NO_OVERRIDE
-#define HAK_ALIAS(name, target)                                                                    \
-    extern __typeof__(target) name __attribute__((alias(#target), visibility("default")))
 HAK_ALIAS(malloc, hak_malloc);
 HAK_ALIAS(free, hak_free);
 HAK_ALIAS(calloc, hak_calloc);
@@ -448,4 +444,15 @@ HAK_ALIAS(free_aligned_sized, hak_free_aligned_sized);
 HAK_ALIAS(malloc_trim, hak_malloc_trim);
 HAK_ALIAS(malloc_stats, hak_malloc_stats);
 HAK_ALIAS(mallinfo2, hak_mallinfo2);
+/* glibc's own names for its allocator: interposers, runtimes and debugging
+ * libraries call them to reach "the real malloc", which must be hakmem's,
+ * or a block crosses allocators (free(): invalid pointer). */
+HAK_ALIAS(__libc_malloc, hak_malloc);
+HAK_ALIAS(__libc_calloc, hak_calloc);
+HAK_ALIAS(__libc_realloc, hak_realloc);
+HAK_ALIAS(__libc_free, hak_free);
+HAK_ALIAS(__libc_memalign, hak_memalign);
+HAK_ALIAS(__libc_valloc, hak_valloc);
+HAK_ALIAS(__libc_pvalloc, hak_pvalloc);
+HAK_ALIAS(__posix_memalign, hak_posix_memalign);
 #endif

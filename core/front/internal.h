@@ -13,6 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* An exported entry point (its hak_ name) ... */
+#define HAK_API __attribute__((visibility("default")))
+/* ... and a standard name for it: the same code (api.c, glibc.c). */
+#define HAK_ALIAS(name, target)                                                                    \
+    extern __typeof__(target) name __attribute__((alias(#target), visibility("default")))
+
 /* A Large block of n bytes; with the profiler on, maybe one its byte
  * countdown chose (prof.h). */
 static inline void *front_large(size_t n, size_t align, bool zero) {

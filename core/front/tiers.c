@@ -61,6 +61,16 @@ void tiers_fork_child(void) {
         if (tiers[i]->fork_child) tiers[i]->fork_child();
 }
 
+void tiers_each_stats(void (*fn)(const char *name, const struct tier_stats *s, void *arg),
+                      void *arg) {
+    for (uint32_t i = 0; i < TIERS_N; i++) {
+        if (tiers[i]->stats == NULL) continue;
+        struct tier_stats s = {0};
+        tiers[i]->stats(&s);
+        fn(tiers[i]->name, &s, arg);
+    }
+}
+
 void tiers_stats(struct tier_stats *s) {
     for (uint32_t i = 0; i < TIERS_N; i++)
         if (tiers[i]->stats) tiers[i]->stats(s);

@@ -26,5 +26,8 @@ void tiers_fork_child(void);
 /* Every module's figures added to *s (rows and classes when s has room for
  * them: the stats report; mallinfo2 asks for the sums only). */
 void tiers_stats(struct tier_stats *s);
+/* fn(name, its figures, arg) for each tier in turn (no rows, no Tiny table). */
+void tiers_each_stats(void (*fn)(const char *name, const struct tier_stats *s, void *arg),
+                      void *arg);
 
 #endif

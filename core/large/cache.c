@@ -844,5 +844,10 @@ void large_free(void *p, uint32_t entry, const char *fn) {
         if (large_spare_put(h)) return;
         large_sampled_out(1);
     }
+    /* mallopt(M_MMAP_THRESHOLD): back at once, as glibc's mapped blocks go. */
+    if (hak_unlikely(h->map_size >= hak_cfg.unmap_min)) {
+        large_release(large_start(h), h->map_size);
+        return;
+    }
     if (!large_tc_put(h)) large_cache_put(h);
 }
