@@ -4,6 +4,8 @@
 CC      ?= cc
 CXX     ?= g++
 PREFIX  ?= /usr/local
+# The library directory, under PREFIX (Debian's: lib/x86_64-linux-gnu).
+LIBDIR  ?= lib
 # The version is HAKMEM_VERSION in the public header: one place to change.
 VERSION := $(shell sed -n 's/^\#define HAKMEM_VERSION "\(.*\)"/\1/p' include/hakmem.h)
 SOMAJOR := 0
@@ -87,11 +89,19 @@ count: out/count/libhakmem.so
 # It preloads the library found at CMD_LIBDIR_REL from its own directory (the
 # install layout: bin/ -> the lib directory install uses) or beside itself
 # (the build tree: out/release).
-CMD_LIBDIR_REL := ../lib
+CMD_LIBDIR_REL := ../$(LIBDIR)
 
-out/release/hakmem: tools/hakmem.c Makefile
+# (Rebuilt when LIBDIR changes: out/release/cmd-libdir holds the last one.)
+out/release/cmd-libdir: FORCE
 	@mkdir -p $(dir $@)
-	$(CC) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -DHAKMEM_VERSION='"$(VERSION)"' \
+	@echo '$(CMD_LIBDIR_REL)' | cmp -s - $@ || echo '$(CMD_LIBDIR_REL)' > $@
+.PHONY: FORCE
+FORCE:
+
+out/release/hakmem: tools/hakmem.c Makefile out/release/cmd-libdir
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -D_FORTIFY_SOURCE=2 -O2 -g -Wall -Wextra -Werror -Wl,-z,now \
+		-DHAKMEM_VERSION='"$(VERSION)"' \
 		-DHAKMEM_SONAME='"libhakmem.so.$(SOMAJOR)"' -DHAKMEM_LIBDIR_REL='"$(CMD_LIBDIR_REL)"' \
 		$< -o $@
 
@@ -240,20 +250,32 @@ bench-real:
 	@bench/real.sh
 
 # ---- install -----------------------------------------------------------------
+# The CMake package's way up from LIBDIR/cmake/hakmem to PREFIX.
+CMAKE_UP := $(shell echo '$(LIBDIR)/cmake/hakmem' | sed -e 's|[^/][^/]*|..|g')
+INSTALL_LIB := $(DESTDIR)$(PREFIX)/$(LIBDIR)
 install: release
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
-		$(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/lib/cmake/hakmem
-	install -m 755 out/release/libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libhakmem.so.$(SOMAJOR)
-	ln -sf libhakmem.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libhakmem.so
-	install -m 644 out/release/libhakmem.a $(DESTDIR)$(PREFIX)/lib/
+	install -d $(INSTALL_LIB) $(DESTDIR)$(PREFIX)/include $(INSTALL_LIB)/pkgconfig $(INSTALL_LIB)/cmake/hakmem
+	install -m 644 out/release/libhakmem.so.$(VERSION) $(INSTALL_LIB)/
+	ln -sf libhakmem.so.$(VERSION) $(INSTALL_LIB)/libhakmem.so.$(SOMAJOR)
+	ln -sf libhakmem.so.$(SOMAJOR) $(INSTALL_LIB)/libhakmem.so
+	install -m 644 out/release/libhakmem.a $(INSTALL_LIB)/
 	install -m 644 include/hakmem.h $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' hakmem.pc.in \
-		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/hakmem.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@VERSION@|$(VERSION)|g' \
+		hakmem.pc.in > $(INSTALL_LIB)/pkgconfig/hakmem.pc
 	for f in hakmem-config hakmem-config-version; do \
-		sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@SOMAJOR@|$(SOMAJOR)|g' cmake/$$f.cmake.in \
-			> $(DESTDIR)$(PREFIX)/lib/cmake/hakmem/$$f.cmake || exit 1; \
+		sed -e 's|@VERSION@|$(VERSION)|g' -e 's|@SOMAJOR@|$(SOMAJOR)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+			-e 's|@UP@|$(CMAKE_UP)|g' cmake/$$f.cmake.in > $(INSTALL_LIB)/cmake/hakmem/$$f.cmake || exit 1; \
 	done
+
+# ---- Debian packages (debian/) ----------------------------------------------
+# Built from a copy of the tracked files (dpkg-buildpackage cleans its tree:
+# this one's out/ stays), into out/deb/: libhakmem0, libhakmem-dev, hakmem.
+.PHONY: deb
+deb:
+	@rm -rf out/deb && mkdir -p out/deb/src
+	git ls-files -z | tar --null -T - -cf - | tar -xf - -C out/deb/src
+	cd out/deb/src && dpkg-buildpackage -b -us -uc
+	@rm -rf out/deb/src
 
 format:
 	clang-format -i $(SRCS) $(HDRS) $(TEST_SRCS) $(BENCH_SRCS) tests/test_cxx.cc tests/real/*.cpp \

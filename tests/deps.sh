@@ -7,9 +7,11 @@ set -euo pipefail
 # llvm: llvm-symbolizer for their reports; cppcheck (and gcc -fanalyzer):
 # tests/check_analyzer.sh; google-perftools (google-pprof) and graphviz (its
 # --svg): tests/check_prof.sh reads heap profiles as a user would; groff-base:
-# the man page in tests/check_command.sh.
+# the man page in tests/check_command.sh; dpkg-dev, debhelper and lintian:
+# the Debian packages in tests/check_deb.sh.
 pkgs=(libcmocka-dev redis-server redis-tools sqlite3 g++ git python3 gawk pkg-config cmake
-    clang libclang-rt-14-dev llvm cppcheck google-perftools graphviz groff-base)
+    clang libclang-rt-14-dev llvm cppcheck google-perftools graphviz groff-base
+    dpkg-dev debhelper lintian)
 
 missing=()
 for p in "${pkgs[@]}"; do

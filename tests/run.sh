@@ -212,10 +212,13 @@ step_done "cmocka suites (debug, ubsan, tsan, checked mode; $TEST_JOBS at a time
 # program is counted so); the many-core costs (atomics, locks, shared cache
 # lines per op, counted by the count build) within tests/scale/budgets; the
 # exported memory operations' results, linked dynamically, statically and
-# in checked mode.
+# in checked mode; glibc's __libc_* names mixed with the standard ones
+# under LD_PRELOAD; the Debian packages built, lintian-clean, installed,
+# used and removed without a trace.
 for check in tests/check_os_boundary.sh tests/check_layers.sh tests/check_install.sh \
     tests/check_command.sh tests/check_prof.sh tests/check_unwind.sh tests/check_bench_report.sh \
-    tests/check_harness.sh tests/scale/scale.py tests/check_memops.sh tests/check_libc_names.sh; do
+    tests/check_harness.sh tests/scale/scale.py tests/check_memops.sh tests/check_libc_names.sh \
+    tests/check_deb.sh; do
     if "$check"; then
         passed=$((passed + 1))
     else
