@@ -163,6 +163,54 @@ static void test_reused_units_lose_old_guards(void **state) {
     arena_free(c, 4 * MiB);
 }
 
+#ifndef HAK_TEST_TSAN /* (an address-space limit: TSan reserves terabytes) */
+/* Bytes of address space this process has mapped. */
+static size_t vm_size(void) {
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+        fclose(f);
+    }
+    return pages * 4096;
+}
+
+/* The same through arena_trim: under an address-space limit it makes free
+ * units at the top never-used again; when unmapping their reservation is
+ * refused they stay as arena_free left them, marker and all, and the next
+ * run from the top takes them as new (found by a review). */
+static void trim_then_take(void *arg) {
+    (void)arg;
+    size_t limit = vm_size() + ((size_t)1 << 30);
+    struct rlimit rl = {limit, limit};
+    CHILD_CHECK(setrlimit(RLIMIT_AS, &rl) == 0);
+    uint8_t *a = arena_alloc(64 * MiB); /* from the top: no 32 free units in a row below */
+    CHILD_CHECK(a != NULL);
+    os_fault_only(1u << OS_SITE_UNCOMMIT_MAP);
+    os_fault_arm(0, UINT64_MAX);
+    arena_free(a, 64 * MiB); /* its guard marker stays */
+    os_fault_only(1u << OS_SITE_MUNMAP);
+    os_fault_arm(0, UINT64_MAX);
+    arena_trim(); /* its units are the top's again, their unmap refused */
+    os_fault_disarm();
+    os_fault_only(~0u);
+    uint8_t *c = arena_alloc(128 * MiB);
+    /* (From the top, which may now be lower than a: over a's old guard.) */
+    CHILD_CHECK(c != NULL && c <= a && c + 128 * MiB >= a + 64 * MiB);
+    for (size_t k = 0; k < 128 * MiB - ARENA_GUARD; k += 4096)
+        c[k] = 0x41;
+    _exit(0);
+}
+
+static void test_top_units_lose_old_guards(void **state) {
+    (void)state;
+    struct death d;
+    run_child(trim_then_take, NULL, &d);
+    if (!WIFEXITED(d.status) || WEXITSTATUS(d.status) != 0)
+        fail_msg("child status %#x: %s", d.status, d.err);
+}
+#endif
+
 static void test_runs_of_free_units(void **state) {
     (void)state;
     uint8_t *a = arena_alloc(2 * MiB), *b = arena_alloc(2 * MiB), *c = arena_alloc(2 * MiB);
@@ -307,6 +355,9 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_alloc_commits_free_gives_back),
         cmocka_unit_test(test_runs_end_in_guard_pages),
         cmocka_unit_test(test_reused_units_lose_old_guards),
+#ifndef HAK_TEST_TSAN
+        cmocka_unit_test(test_top_units_lose_old_guards),
+#endif
         cmocka_unit_test(test_runs_of_free_units),
         cmocka_unit_test(test_tiers_map_nothing),
         cmocka_unit_test(test_most_of_an_address_space_limit),

@@ -524,6 +524,34 @@ static void test_untaken_slots_read_only(void **state) {
     assert_true(maps_perms(base + 2 * SS_SLOT_SIZE, perms) && strcmp(perms, "r--p") == 0);
 }
 
+/* A slot whose commit the OS refuses goes back UNUSED, not writable, and
+ * is the next one taken. */
+static void test_refused_slot_commit_gives_slot_back(void **state) {
+    (void)state;
+    ss_trim();
+    enum stage st = ST_NONE;
+    struct ss_slab *x = NULL;
+    for (int i = 0; i < HELD_MAX && st != ST_3_CACHE && st != ST_3_OS; i++)
+        hold(x = acquire(CLS_A, &st));
+    struct superslab *ss = ss_of(x);
+    uint32_t next = slot_of(x) + 1;
+    uint64_t failed = os_fault_site_failed(OS_SITE_COMMIT);
+    os_fault_only(1u << OS_SITE_COMMIT);
+    os_fault_arm(0, UINT64_MAX);
+    struct ss_slab *y = ss_acquire(CLS_A, small_class_size[CLS_A]); /* NULL, or another's */
+    os_fault_disarm();
+    os_fault_only(~0u);
+    assert_true(os_fault_site_failed(OS_SITE_COMMIT) > failed);
+    if (y) hold(y);
+    assert_true(y == NULL || ss_of(y) != ss || slot_of(y) != next);
+    assert_true(ss->unused_mask >> next & 1);
+    assert_false(atomic_load(&ss->writable) >> next & 1);
+    struct ss_slab *z = acquire(CLS_A, &st);
+    hold(z);
+    if (ss_of(z) == ss) assert_int_equal(slot_of(z), next);
+    memset(ss_slab_base(z), 1, SS_SLOT_SIZE);
+}
+
 static void test_retired_superslab_cached_then_reused(void **state) {
     (void)state;
     hak_cfg.ss_cache = 1000;
@@ -868,6 +896,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_unused_slot_preferred_to_recut, release_held),
         cmocka_unit_test_teardown(test_idle_superslab_waits_for_a_pass, release_held),
         cmocka_unit_test_teardown(test_untaken_slots_read_only, release_held),
+        cmocka_unit_test_teardown(test_refused_slot_commit_gives_slot_back, release_held),
         cmocka_unit_test_teardown(test_retired_superslab_cached_then_reused, release_held),
         cmocka_unit_test_teardown(test_retired_superslab_unmapped_without_cache, release_held),
         cmocka_unit_test_teardown(test_cache_bound_then_unmap, release_held),

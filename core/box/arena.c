@@ -195,14 +195,22 @@ static size_t arena_take_top(size_t n) {
     return arena_top - n;
 }
 
-/* Commit [p, p+size) with its last page a guard (arena.h); `reused`: the
- * units held a run before. false when the OS refused. */
-static bool arena_commit(uint8_t *p, size_t size, bool reused) {
-    /* An earlier run's guard marker may still be there, inside this run:
-     * giving units back (arena_free) takes it away only when the kernel
-     * grants a fresh mapping, and a madvise that drops the pages instead
-     * keeps markers (fuzz_api: a block written over one faulted). */
-    if (reused && os_guard_markers() && !os_guard_remove(p, size)) return false;
+/* A guard that splits a mapping (no markers) may be made: one of the
+ * first ARENA_SPLIT_GUARDS. */
+static bool arena_split_guard_left(void) {
+    return atomic_fetch_add_explicit(&arena_split_guards, 1, memory_order_relaxed) <
+           ARENA_SPLIT_GUARDS;
+}
+
+/* Commit [p, p+size) with its last page a guard (arena.h). false when the
+ * OS refused. */
+static bool arena_commit(uint8_t *p, size_t size) {
+    /* An earlier run's guard marker may still be inside this one: giving
+     * units back (arena_free) takes markers away only when the kernel grants
+     * a fresh mapping, and the madvise that drops the pages instead keeps
+     * them; so may units a refused unmap left at the top (arena_trim)
+     * (fuzz_api: a block written over one faulted). One call a run. */
+    if (os_guard_markers() && !os_guard_remove(p, size)) return false;
     if (hak_huge_heaps()) return os_commit(p, size); /* a guard would split a huge page */
     if (os_guard_markers()) {
         if (!os_commit(p, size)) return false;
@@ -211,22 +219,17 @@ static bool arena_commit(uint8_t *p, size_t size, bool reused) {
         return true;
     }
     /* The last page is left as the reservation (or arena_free) made it. */
-    if (atomic_fetch_add_explicit(&arena_split_guards, 1, memory_order_relaxed) <
-        ARENA_SPLIT_GUARDS)
-        return os_commit(p, size - ARENA_GUARD);
-    return os_commit(p, size);
+    return os_commit(p, arena_split_guard_left() ? size - ARENA_GUARD : size);
 }
 
 /* arena_alloc's unit(s), in small pages: records' units too. */
 static void *arena_take(size_t size) {
     size_t n = (size + ARENA_UNIT - 1) / ARENA_UNIT;
     size_t first = SIZE_MAX;
-    bool reused = false;
     hak_lock(&arena_lock);
     arena_place();
     if (arena_nfree >= n) first = arena_find_free(n);
     if (first != SIZE_MAX) {
-        reused = true;
         arena_mark(first, n, false);
         arena_nfree -= n;
     } else {
@@ -237,7 +240,7 @@ static void *arena_take(size_t size) {
 
     if (first != SIZE_MAX) {
         uint8_t *p = (uint8_t *)(arena_mid + first * ARENA_UNIT);
-        if (arena_commit(p, size, reused)) return p;
+        if (arena_commit(p, size)) return p;
         hak_lock(&arena_lock); /* refused (commit limit): the units are free again */
         arena_mark(first, n, true);
         arena_nfree += n;
@@ -250,7 +253,8 @@ static void *arena_take(size_t size) {
     hak_unlock(&arena_lock);
     size = hak_align_up(size, HAK_PAGE_SIZE);
     uint8_t *p = os_map_aligned(size, ARENA_UNIT);
-    if (p != NULL && !hak_huge_heaps()) os_guard_add(p + size - ARENA_GUARD, ARENA_GUARD);
+    if (p != NULL && !hak_huge_heaps() && (os_guard_markers() || arena_split_guard_left()))
+        os_guard_add(p + size - ARENA_GUARD, ARENA_GUARD);
     return p;
 }
 

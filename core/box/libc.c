@@ -154,6 +154,8 @@ HAK_HIDDEN struct libc_mem libc_mem = {
     .str_ncpy_chk = lc_str_ncpy_chk,
 };
 
+int (*libc_mallopt)(int param, int value);
+
 /* One function: the C library's `name` where there is one (a static
  * program has no dlsym to find it with: the stand-in stays). */
 #define LC_RESOLVE(field, name)                                                                    \
@@ -181,4 +183,6 @@ __attribute__((constructor)) void libc_resolve(void) {
     LC_RESOLVE(stp_cpy_chk, "__stpcpy_chk");
     LC_RESOLVE(str_cat_chk, "__strcat_chk");
     LC_RESOLVE(str_ncpy_chk, "__strncpy_chk");
+    __atomic_store_n(&libc_mallopt, (int (*)(int, int))dlsym(RTLD_NEXT, "mallopt"),
+                     __ATOMIC_RELAXED);
 }

@@ -33,8 +33,12 @@ struct libc_mem {
 };
 extern HAK_HIDDEN struct libc_mem libc_mem;
 
-/* Look the C library's up (the definitions after hakmem's): run as a
- * constructor of its own, where dlsym is safe. */
+/* The C library's mallopt, for its answer to a parameter (front/glibc.c:
+ * glibc's answers differ between its versions); NULL in a static program. */
+extern HAK_HIDDEN int (*libc_mallopt)(int param, int value);
+
+/* Look the C library's up (the definitions after hakmem's), these and
+ * libc_mallopt: run as a constructor of its own, where dlsym is safe. */
 void libc_resolve(void);
 
 #endif

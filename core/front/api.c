@@ -415,9 +415,11 @@ HAK_API struct mallinfo2 hak_mallinfo2(void) {
     struct tier_stats s = {0};
     tiers_stats(&s);
     struct mallinfo2 mi = {0};
-    mi.arena = s.mapped;                  /* size-classed address space */
-    mi.uordblks = s.carved;               /* carved into blocks */
-    mi.fordblks = mi.arena - mi.uordblks; /* not carved yet */
+    mi.arena = s.mapped;    /* size-classed address space */
+    mi.uordblks = s.carved; /* carved into blocks */
+    /* Not carved yet (the counts read one after the other: a chunk given
+     * back between the reads can make carved the larger). */
+    mi.fordblks = mi.arena > mi.uordblks ? mi.arena - mi.uordblks : 0;
     mi.hblks = s.own_blocks;
     mi.hblkhd = s.own_bytes;
     mi.keepcost = s.kept_bytes; /* freed mappings kept for reuse */

@@ -6,6 +6,7 @@
 #include "hakmem.h"
 
 #include "box/config.h"
+#include "box/libc.h"
 #include "box/os.h"
 #include "front/internal.h"
 
@@ -17,15 +18,24 @@
 /* glibc's largest M_MXFAST: 80 * sizeof(size_t) / 4. */
 #define GLIBC_MAX_FAST (80 * sizeof(size_t) / 4)
 
-/* Every glibc parameter is accepted with glibc's answer: 1, and 0 only for
- * an M_MXFAST out of its range (glibc 2.36 also answers 1 for a parameter it
- * does not know). Three have an equivalent here (docs/CONFIG.md, mallopt);
+/* glibc's answer to mallopt(param, value) where the program has no C
+ * library to ask (static): glibc 2.36's, 1 but for an M_MXFAST out of its
+ * range (1 also for a parameter it does not know). */
+static int glibc_answer(int param, int value) {
+    if (param == M_MXFAST) return value >= 0 && (size_t)value <= GLIBC_MAX_FAST;
+    return 1;
+}
+
+/* Every glibc parameter is accepted with glibc's answer: its own mallopt's,
+ * which differs between its versions (a value glibc refuses changes
+ * nothing here either). Two have an equivalent (docs/CONFIG.md, mallopt);
  * the others change nothing: hakmem has no fastbins, top pad, arenas shared
- * by threads, check action or perturb byte. */
+ * by threads, mapping count limit, check action or perturb byte. */
 HAK_API int hak_mallopt(int param, int value) {
+    int (*glibc)(int, int) = __atomic_load_n(&libc_mallopt, __ATOMIC_RELAXED);
+    int rc = glibc ? glibc(param, value) : glibc_answer(param, value);
+    if (rc != 1) return rc;
     switch (param) {
-    case M_MXFAST:
-        return value >= 0 && (size_t)value <= GLIBC_MAX_FAST;
     case M_TRIM_THRESHOLD: /* free memory kept before it goes back: the BigCache's bound */
         __atomic_store_n(&hak_cfg.bigcache_bytes, value < 0 ? HAK_CFG_BIGCACHE_MAX : (size_t)value,
                          __ATOMIC_RELAXED);
@@ -75,7 +85,10 @@ struct glibc_walk {
 static void glibc_heap(const char *name, const struct tier_stats *s, void *arg) {
     struct glibc_walk *w = arg;
     unsigned long long held = s->mapped + s->own_bytes + s->kept_bytes;
-    unsigned long long free_bytes = s->mapped - s->carved + s->kept_bytes;
+    /* (The two counts are read one after the other: a chunk given back
+     * between the reads can make carved the larger.) */
+    unsigned long long free_bytes =
+        (s->mapped > s->carved ? s->mapped - s->carved : 0) + s->kept_bytes;
     if (held == 0) return;
     w->held += held;
     w->free_bytes += free_bytes;

@@ -233,19 +233,11 @@ static void ss_partial_changed(void) {
     atomic_store_explicit(&ss_have_partial, ss_partial != NULL, memory_order_relaxed);
 }
 
-/* Take an UNUSED slot of a partial SuperSlab: the lowest, made writable
- * if it is not. NULL when the OS refused that (commit limit). Lock held;
- * ss_partial set. */
+/* Take an UNUSED slot of a partial SuperSlab, the lowest; it may not be
+ * writable yet (ss_slot_ready, after the lock). Lock held; ss_partial set. */
 static struct ss_slab *ss_take_unused(uint32_t cls, uint32_t size) {
     struct superslab *ss = ss_partial;
     uint32_t i = (uint32_t)__builtin_ctz(ss->unused_mask);
-    if (i >= ss->writable) {
-        /* (One 64 KiB mprotect a slot a SuperSlab's life; the slot's page
-         * faults cost more. It joins the mapping of the slots below.) */
-        uint8_t *from = (uint8_t *)ss + (size_t)ss->writable * SS_SLOT_SIZE;
-        if (!os_commit(from, (size_t)(i + 1 - ss->writable) * SS_SLOT_SIZE)) return NULL;
-        ss->writable = i + 1;
-    }
     ss->unused_mask &= ~(1u << i);
     if (ss->unused_mask == 0) {
         ss_unlink(&ss_partial, ss);
@@ -253,6 +245,27 @@ static struct ss_slab *ss_take_unused(uint32_t cls, uint32_t size) {
     }
     ss_slab_reset(&ss->slab[i], cls, size);
     return &ss->slab[i];
+}
+
+/* s, just taken by ss_take_unused, made writable if it is not yet (one
+ * 64 KiB mprotect a slot a SuperSlab's life, which joins the mapping of
+ * the slots below; the slot's page faults cost more). Lock not held. false
+ * when the OS refused (commit limit): s is UNUSED again. (Taken, not yet
+ * ACTIVE, s keeps its SuperSlab from being retired: ss_retire_idle.) */
+static bool ss_slot_ready(struct ss_slab *s) {
+    struct superslab *ss = ss_of(s);
+    uint32_t bit = 1u << (s - ss->slab);
+    if (atomic_load_explicit(&ss->writable, memory_order_relaxed) & bit) return true;
+    if (os_commit(ss_slab_base(s), SS_SLOT_SIZE)) {
+        atomic_fetch_or_explicit(&ss->writable, bit, memory_order_relaxed);
+        return true;
+    }
+    hak_lock(&ss_lock);
+    if (ss->unused_mask == 0) ss_push(&ss_partial, ss);
+    ss->unused_mask |= bit;
+    ss_partial_changed();
+    hak_unlock(&ss_lock);
+    return false;
 }
 
 /* s, out of every list, becomes its SuperSlab's ACTIVE slot. */
@@ -273,7 +286,7 @@ static struct ss_slab *ss_acquire_new(uint32_t cls, uint32_t size) {
         s = ss_take_unused(cls, size);
         ss_st.stage2++;
         hak_unlock(&ss_lock);
-        return s;
+        return ss_slot_ready(s) ? s : NULL;
     }
     if ((ss = ss_cache) != NULL) {
         ss_unlink(&ss_cache, ss);
@@ -285,10 +298,10 @@ static struct ss_slab *ss_acquire_new(uint32_t cls, uint32_t size) {
     hak_unlock(&ss_lock);
     if (ss == NULL) {
         if (a == 0) return NULL;
-        /* The header slot; the others as they are taken (ss_take_unused),
+        /* The header slot; the others as they are taken (ss_slot_ready),
          * but in huge pages, which a read-only slot would split. */
-        uint32_t writable = hak_huge_heaps() ? SS_NSLOTS : SS_FIRST_SLOT;
-        if (!os_commit((void *)a, (size_t)writable * SS_SLOT_SIZE)) {
+        bool all = hak_huge_heaps();
+        if (!os_commit((void *)a, all ? SS_SIZE : SS_SLOT_SIZE)) {
             hak_lock(&ss_lock);
             ss_range_put(a);
             hak_unlock(&ss_lock);
@@ -297,7 +310,7 @@ static struct ss_slab *ss_acquire_new(uint32_t cls, uint32_t size) {
         /* The flag stays with the place while it is cached (decommit keeps it). */
         if (hak_huge_heaps()) os_hugepages((void *)a, SS_SIZE);
         ss = (struct superslab *)a;
-        ss->writable = writable;
+        atomic_store_explicit(&ss->writable, all ? ~0u : 1u, memory_order_relaxed);
         for (uint32_t i = 0; i < SS_NSLOTS; i++)
             atomic_store_explicit(&ss->slab[i].owner, SS_NO_OWNER, memory_order_relaxed);
     }
@@ -311,7 +324,7 @@ static struct ss_slab *ss_acquire_new(uint32_t cls, uint32_t size) {
     ss_partial_changed();
     s = ss_take_unused(cls, size);
     hak_unlock(&ss_lock);
-    return s;
+    return ss_slot_ready(s) ? s : NULL;
 }
 
 struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
@@ -331,7 +344,8 @@ struct ss_slab *ss_acquire(uint32_t cls, uint32_t size) {
             ss_st.stage2++;
         }
         hak_unlock(&ss_lock);
-        if (s) return ss_activate(s);
+        if (s && ss_slot_ready(s)) return ss_activate(s);
+        s = NULL;
     }
     /* Stage 2, recycled: another class's empty slab, re-cut (counted active
      * first, so that a retire of its SuperSlab sees it taken). */
@@ -372,9 +386,8 @@ static void ss_retire(struct superslab *ss) {
     bool dropped = cache && os_decommit((uint8_t *)ss + SS_SLOT_SIZE, SS_SIZE - SS_SLOT_SIZE);
     /* Its data slots read-only again, as a new SuperSlab's, so that they
      * are made writable as they are taken (kept writable if refused). */
-    if (dropped && ss->writable > SS_FIRST_SLOT &&
-        os_readable((uint8_t *)ss + SS_SLOT_SIZE, (size_t)(ss->writable - 1) * SS_SLOT_SIZE))
-        ss->writable = SS_FIRST_SLOT;
+    if (dropped && os_readable((uint8_t *)ss + SS_SLOT_SIZE, SS_SIZE - SS_SLOT_SIZE))
+        atomic_store_explicit(&ss->writable, 1u, memory_order_relaxed);
     if (!dropped) {
         if (cache) {
             hak_lock(&ss_lock);

@@ -60,10 +60,10 @@ struct superslab {
     struct ss_slab slab[SS_NSLOTS]; /* slab[0] describes the header slot: never used */
     struct superslab *next, *prev;  /* partial list or cache */
     uint32_t unused_mask;           /* bit i: slot i UNUSED */
-    /* Slots 0 .. writable-1 are writable, the rest read-only: slots are
-     * taken lowest first and made writable as they are, so a run of writes
-     * off the last one taken faults (ss_take_unused). Under ss_lock. */
-    uint32_t writable;
+    /* Bit i: slot i is writable. The others are read-only: slots are taken
+     * lowest first and made writable as they are (ss_slot_ready), so a run
+     * of writes off the last one taken faults. */
+    _Atomic uint32_t writable;
     _Atomic uint32_t nactive; /* ACTIVE slots (changed without the lock) */
 };
 _Static_assert(sizeof(struct superslab) <= SS_SLOT_SIZE, "header must fit slot 0");
