@@ -54,20 +54,7 @@ hakmem -- cat /proc/self/maps > "$tmp/maps" || fail "hakmem -- cat failed"
 grep -q '/x86_64-linux-gnu/libhakmem.so.0.1.0' "$tmp/maps" ||
     fail "hakmem -- cat: the installed library is not loaded"
 
-cat > "$tmp/app.c" <<'C'
-#include <hakmem.h>
-#include <malloc.h>
-#include <stdio.h>
-#include <stdlib.h>
-int main(void) {
-    char *p = malloc(100), *q = hak_malloc(3 << 20);
-    /* hakmem's usable size for a 100-byte request is its 112-byte class */
-    printf("%zu %d\n", malloc_usable_size(p), q != NULL);
-    hak_free(q);
-    free(p);
-    return 0;
-}
-C
+cp tests/install_app.c "$tmp/app.c"
 # shellcheck disable=SC2046 # (pkg-config's words are separate flags)
 cc "$tmp/app.c" -o "$tmp/app_pc" $(pkg-config --cflags --libs hakmem) || fail "pkg-config build"
 [ "$("$tmp/app_pc")" = "112 1" ] || fail "the pkg-config program does not run on hakmem"

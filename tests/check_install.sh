@@ -13,20 +13,7 @@ for f in lib/libhakmem.so.0 lib/libhakmem.so lib/libhakmem.a include/hakmem.h li
   lib/cmake/hakmem/hakmem-config.cmake lib/cmake/hakmem/hakmem-config-version.cmake; do
   [ -e "$tmp/pfx/$f" ] || fail "missing $f"
 done
-cat > "$tmp/app.c" <<'C'
-#include <hakmem.h>
-#include <malloc.h>
-#include <stdio.h>
-#include <stdlib.h>
-int main(void) {
-    char *p = malloc(100), *q = hak_malloc(3 << 20);
-    /* hakmem's usable size for a 100-byte request is its 112-byte class */
-    printf("%zu %d\n", malloc_usable_size(p), q != NULL);
-    hak_free(q);
-    free(p);
-    return 0;
-}
-C
+cp tests/install_app.c "$tmp/app.c"
 export PKG_CONFIG_PATH="$tmp/pfx/lib/pkgconfig"
 # shellcheck disable=SC2046
 cc "$tmp/app.c" $(pkg-config --cflags --libs hakmem) -Wl,-rpath,"$tmp/pfx/lib" -o "$tmp/app_shared" \

@@ -498,16 +498,24 @@ static void write_two_slots(void *arg) {
     _exit(0);
 }
 
-/* A SuperSlab's slots are made writable as they are taken, lowest first:
- * a run of writes off the last one taken faults on the next. */
-static void test_untaken_slots_read_only(void **state) {
-    (void)state;
+/* The first slot of a SuperSlab fresh from the OS or the cache (held), the
+ * slots of the partial ones taken (held) first. */
+static struct ss_slab *take_first_of_new_superslab(void) {
     ss_trim();
     enum stage st = ST_NONE;
     struct ss_slab *x = NULL;
     for (int i = 0; i < HELD_MAX && st != ST_3_CACHE && st != ST_3_OS; i++)
         hold(x = acquire(CLS_A, &st));
     assert_true(st == ST_3_CACHE || st == ST_3_OS);
+    return x;
+}
+
+/* A SuperSlab's slots are made writable as they are taken, lowest first:
+ * a run of writes off the last one taken faults on the next. */
+static void test_untaken_slots_read_only(void **state) {
+    (void)state;
+    struct ss_slab *x = take_first_of_new_superslab();
+    enum stage st;
     uint8_t *base = ss_slab_base(x);
     char perms[5];
     assert_true(maps_perms(base + SS_SLOT_SIZE, perms) && strcmp(perms, "r--p") == 0);
@@ -528,11 +536,8 @@ static void test_untaken_slots_read_only(void **state) {
  * is the next one taken. */
 static void test_refused_slot_commit_gives_slot_back(void **state) {
     (void)state;
-    ss_trim();
-    enum stage st = ST_NONE;
-    struct ss_slab *x = NULL;
-    for (int i = 0; i < HELD_MAX && st != ST_3_CACHE && st != ST_3_OS; i++)
-        hold(x = acquire(CLS_A, &st));
+    struct ss_slab *x = take_first_of_new_superslab();
+    enum stage st;
     struct superslab *ss = ss_of(x);
     uint32_t next = slot_of(x) + 1;
     uint64_t failed = os_fault_site_failed(OS_SITE_COMMIT);
