@@ -113,26 +113,17 @@ static inline uint64_t tc_take_allocs(uint32_t cls) {
     return n;
 }
 
-/* Push p. When the list is full or the caches are closed nothing is pushed
- * and false comes back with the room overdrawn to -1: the caller's slow path
- * gives that unit back (tc_refund) first. Restoring it here would cost the
- * fast path a register and two instructions. */
-HAK_INLINE bool tc_push(uint32_t cls, void *p) {
-    size_t c = cls; /* (one zero extension for both uses) */
-    if (hak_unlikely(tc_word_room_take(&tc_self.cnt[c]))) return false;
-    *(void **)p = tc_self.head[c];
-    tc_self.head[c] = p;
-    return true;
-}
-
-/* tc_push, but with `behind` p goes behind the list's first block when
- * there is one: the next pop of cls returns another block than p. L2.5's
- * free of a block of 128 KiB and more: it is not handed straight back to
- * the next request (a dangling pointer to it would alias the new block),
- * as glibc's mmapped ones are not; a loop of one block takes turns with the
- * list's first. */
+/* Push p: first, or with `behind` behind the list's first block when there
+ * is one, so that the next pop of cls returns another block than p (L2.5's
+ * free of a block of 128 KiB and more: not handed straight back to the
+ * next request, where a dangling pointer to it would alias the new block,
+ * as glibc's mmapped ones are not; a loop of one block takes turns with
+ * the list's first). When the list is full or the caches are closed
+ * nothing is pushed and false comes back with the room overdrawn to -1:
+ * the caller's slow path gives that unit back (tc_refund) first. Restoring
+ * it here would cost the fast path a register and two instructions. */
 HAK_INLINE bool tc_push_behind(uint32_t cls, void *p, bool behind) {
-    size_t c = cls;
+    size_t c = cls; /* (one zero extension for both uses) */
     if (hak_unlikely(tc_word_room_take(&tc_self.cnt[c]))) return false;
     void **first = tc_self.head[c];
     if (behind && first != NULL) {
@@ -143,6 +134,11 @@ HAK_INLINE bool tc_push_behind(uint32_t cls, void *p, bool behind) {
     *(void **)p = first;
     tc_self.head[c] = p;
     return true;
+}
+
+/* p first (the Tiny and Pool frees): `behind` a constant false, compiled out. */
+HAK_INLINE bool tc_push(uint32_t cls, void *p) {
+    return tc_push_behind(cls, p, false);
 }
 
 /* Undo the overdraft of a tc_push that returned false. */

@@ -51,18 +51,13 @@ HAK_API int hak_mallopt(int param, int value) {
     }
 }
 
-/* The figures mallinfo and malloc_info give (mallinfo2's). */
-static struct mallinfo2 glibc_info(void) {
-    return hak_mallinfo2();
-}
-
 static int glibc_int(size_t v) {
     return v > INT_MAX ? INT_MAX : (int)v;
 }
 
 /* glibc's deprecated form: mallinfo2's figures, each at most INT_MAX. */
 HAK_API struct mallinfo hak_mallinfo(void) {
-    struct mallinfo2 m = glibc_info();
+    struct mallinfo2 m = hak_mallinfo2();
     return (struct mallinfo){.arena = glibc_int(m.arena),
                              .ordblks = glibc_int(m.ordblks),
                              .smblks = glibc_int(m.smblks),
@@ -114,7 +109,7 @@ HAK_API int hak_malloc_info(int options, FILE *fp) {
     struct glibc_walk w = {.fp = fp};
     fputs("<malloc version=\"1\">\n", fp);
     tiers_each_stats(glibc_heap, &w);
-    struct mallinfo2 m = glibc_info();
+    struct mallinfo2 m = hak_mallinfo2();
     fprintf(fp,
             "<total type=\"fast\" count=\"0\" size=\"0\"/>\n"
             "<total type=\"rest\" count=\"0\" size=\"%llu\"/>\n"
